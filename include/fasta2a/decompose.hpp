@@ -1,0 +1,225 @@
+// fasta2a: phase 2, turning the server-level matrix into stages (Decomposer policies).
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "fasta2a/common.hpp"
+
+namespace fasta2a {
+
+/// Per-rail bytes from server s to server d (zero diagonal). Row-major so that a row is a server's
+/// sends, contiguous.
+using server_matrix = Eigen::Matrix<bytes_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// The stages a decomposer produces: stage t sends up to `weights[t]` bytes per rail from server s
+/// to server `perm(t)[s]`; a value of s itself (or -1) means s is idle in that stage. No two
+/// servers send to the same server in one stage.
+struct stage_list {
+  int servers = 0;
+  std::vector<bytes_t> weights;
+  std::vector<std::int32_t> perms; ///< stages x servers
+  std::size_t max_bytes = ~std::size_t{0}; ///< storage limit; `add` throws plan_too_large past it
+
+  void reset(int s) {
+    servers = s;
+    weights.clear();
+    perms.clear();
+  }
+  std::size_t size() const noexcept { return weights.size(); }
+  std::span<const std::int32_t> perm(std::size_t t) const noexcept {
+    return {perms.data() + t * servers, static_cast<std::size_t>(servers)};
+  }
+  void add(bytes_t w, std::span<const std::int32_t> p) {
+    if ((size() + 1) * (servers * sizeof(std::int32_t) + sizeof(bytes_t)) > max_bytes)
+      throw plan_too_large("plan exceeds its size limit of " + std::to_string(max_bytes) +
+                           " bytes after " + std::to_string(size()) + " stages of " +
+                           std::to_string(servers) + " servers (raise plan_options::max_plan_bytes "
+                           "or use a decomposer with fewer stages)");
+    weights.push_back(w);
+    perms.insert(perms.end(), p.begin(), p.end());
+  }
+};
+
+/// A Decomposer turns a server matrix into weighted partial-permutation stages. `staged` is false
+/// for a decomposer that schedules nothing (the direct baseline: the plan then routes every
+/// message straight to its destination). `exact` is true when the stage weights always sum to L,
+/// the largest line sum, which is the scale-out lower bound.
+template <class D>
+concept Decomposer = requires(D& d, const server_matrix& m, stage_list& out) {
+  { D::name } -> std::convertible_to<const char*>;
+  { D::staged } -> std::convertible_to<bool>;
+  { D::exact } -> std::convertible_to<bool>;
+  d.decompose(m, out);
+};
+
+/// Largest row or column sum of a server matrix: L, the per-rail bytes of the busiest server.
+inline bytes_t max_line_sum(const server_matrix& m) {
+  bytes_t l = 0;
+  for (Eigen::Index i = 0; i < m.rows(); ++i) l = std::max(l, m.row(i).sum());
+  for (Eigen::Index j = 0; j < m.cols(); ++j) l = std::max(l, m.col(j).sum());
+  return l;
+}
+
+/// Exact Birkhoff-von Neumann decomposition (the FAST paper): pad the matrix so every row and
+/// column sums to L, then peel off perfect matchings of its support, each weighted by its smallest
+/// entry. Weights sum to exactly L; at most S^2 - 2S + 2 stages. The matching of one stage is
+/// repaired for the next (only rows whose entry ran out are re-matched), not recomputed.
+class birkhoff_decomposer {
+public:
+  static constexpr const char* name = "birkhoff";
+  static constexpr bool staged = true;
+  static constexpr bool exact = true;
+
+  void decompose(const server_matrix& m, stage_list& out) {
+    const int n = static_cast<int>(m.rows());
+    out.reset(n);
+    if (n == 0) return;
+    pad(m);
+    match_.assign(n, -1);
+    owner_.assign(n, -1);
+    for (int i = 0; i < n; ++i) augment(i);
+    bytes_t remaining = line_;
+    while (remaining > 0) {
+      bytes_t w = ~bytes_t{0};
+      for (int i = 0; i < n; ++i) w = std::min(w, a_[idx(i, match_[i])]);
+      for (int i = 0; i < n; ++i) perm_[i] = match_[i] == i ? -1 : match_[i];
+      out.add(w, perm_);
+      remaining -= w;
+      if (remaining == 0) break;
+      // Drop the matched entries that ran out, then repair the matching around them.
+      broken_.clear();
+      for (int i = 0; i < n; ++i) {
+        bytes_t& e = a_[idx(i, match_[i])];
+        e -= w;
+        if (e == 0) {
+          owner_[match_[i]] = -1;
+          match_[i] = -1;
+          broken_.push_back(i);
+        }
+      }
+      for (int i : broken_)
+        if (!augment(i))
+          throw error("internal error: Birkhoff decomposition found no perfect matching "
+                      "(the padded matrix is not doubly stochastic)");
+    }
+  }
+
+private:
+  std::size_t idx(int i, int j) const noexcept { return static_cast<std::size_t>(i) * n_ + j; }
+
+  // a_ = m + padding, every line summing to L. Padding goes on the diagonal first (a server idle
+  // in a stage costs nothing), then north-west corner.
+  void pad(const server_matrix& m) {
+    n_ = static_cast<int>(m.rows());
+    a_.assign(static_cast<std::size_t>(n_) * n_, 0);
+    row_.assign(n_, 0);
+    col_.assign(n_, 0);
+    perm_.assign(n_, -1);
+    for (int i = 0; i < n_; ++i)
+      for (int j = 0; j < n_; ++j) {
+        bytes_t v = m(i, j);
+        a_[idx(i, j)] = v;
+        row_[i] += v;
+        col_[j] += v;
+      }
+    line_ = 0;
+    for (int i = 0; i < n_; ++i) line_ = std::max({line_, row_[i], col_[i]});
+    for (int i = 0; i < n_; ++i) {
+      row_[i] = line_ - row_[i];
+      col_[i] = line_ - col_[i];
+      bytes_t d = std::min(row_[i], col_[i]);
+      a_[idx(i, i)] += d;
+      row_[i] -= d;
+      col_[i] -= d;
+    }
+    for (int i = 0, j = 0; i < n_ && j < n_;) {
+      bytes_t d = std::min(row_[i], col_[j]);
+      a_[idx(i, j)] += d;
+      row_[i] -= d;
+      col_[j] -= d;
+      if (row_[i] == 0) ++i;
+      else ++j;
+    }
+  }
+
+  // Kuhn's augmenting path from free row r, breadth-first so the repair touches few rows.
+  bool augment(int r) {
+    parent_.assign(n_, -1); // parent_[col] = row that reached it
+    queue_.clear();
+    queue_.push_back(r);
+    for (std::size_t q = 0; q < queue_.size(); ++q) {
+      int i = queue_[q];
+      const bytes_t* rowp = &a_[idx(i, 0)];
+      for (int j = 0; j < n_; ++j) {
+        if (rowp[j] == 0 || parent_[j] != -1) continue;
+        parent_[j] = i;
+        if (owner_[j] == -1) {
+          // Flip the path back to r.
+          while (j != -1) {
+            int pi = parent_[j];
+            int next = match_[pi];
+            match_[pi] = j;
+            owner_[j] = pi;
+            j = pi == r ? -1 : next;
+          }
+          return true;
+        }
+        queue_.push_back(owner_[j]);
+      }
+    }
+    return false;
+  }
+
+  int n_ = 0;
+  bytes_t line_ = 0;
+  std::vector<bytes_t> a_, row_, col_;
+  std::vector<int> match_, owner_, parent_, queue_, broken_;
+  std::vector<std::int32_t> perm_;
+};
+
+/// Spread-out baseline: S - 1 shift permutations, stage t sending s -> (s + t) mod S with the
+/// largest entry of that shift as its weight. Incast-free, but a shift waits for its slowest pair.
+class spread_out_decomposer {
+public:
+  static constexpr const char* name = "spread-out";
+  static constexpr bool staged = true;
+  static constexpr bool exact = false;
+
+  void decompose(const server_matrix& m, stage_list& out) {
+    const int n = static_cast<int>(m.rows());
+    out.reset(n);
+    perm_.assign(n, -1);
+    for (int t = 1; t < n; ++t) {
+      bytes_t w = 0;
+      for (int s = 0; s < n; ++s) w = std::max(w, m(s, (s + t) % n));
+      if (w == 0) continue;
+      for (int s = 0; s < n; ++s) perm_[s] = m(s, (s + t) % n) > 0 ? (s + t) % n : -1;
+      out.add(w, perm_);
+    }
+  }
+
+private:
+  std::vector<std::int32_t> perm_;
+};
+
+/// Direct baseline: no stages; every message goes straight from its source GPU to its destination
+/// GPU at once, as NCCL's grouped send/receive and MPI_Alltoallv do.
+class direct_decomposer {
+public:
+  static constexpr const char* name = "direct";
+  static constexpr bool staged = false;
+  static constexpr bool exact = false;
+  void decompose(const server_matrix& m, stage_list& out) { out.reset(static_cast<int>(m.rows())); }
+};
+
+static_assert(Decomposer<birkhoff_decomposer>);
+static_assert(Decomposer<spread_out_decomposer>);
+static_assert(Decomposer<direct_decomposer>);
+
+} // namespace fasta2a

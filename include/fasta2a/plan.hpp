@@ -1,0 +1,243 @@
+// fasta2a: the plan of one all-to-allv, in the flat form an executor walks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+
+namespace fasta2a {
+
+/// The kinds of hop a byte range takes (DESIGN.md section 5). `direct` exists only in plans of the
+/// direct baseline, which sends every message straight to its destination as NCCL and MPI do.
+enum class hop_kind : std::uint8_t { self, intra, balance, rail, redistribute, direct };
+
+inline const char* to_string(hop_kind k) noexcept {
+  switch (k) {
+  case hop_kind::self: return "self";
+  case hop_kind::intra: return "intra";
+  case hop_kind::balance: return "balance";
+  case hop_kind::rail: return "rail";
+  case hop_kind::redistribute: return "redistribute";
+  case hop_kind::direct: return "direct";
+  }
+  return "?";
+}
+
+/// One hop of a piece: bytes move from rank `from` to rank `to` during `stage` (the stage of the
+/// piece's rail hop; 0 for self, intra and direct).
+struct hop {
+  hop_kind kind;
+  rank_t from;
+  rank_t to;
+  std::int32_t stage;
+  friend bool operator==(const hop&, const hop&) = default;
+};
+
+/// Up to three hops, in order.
+struct route {
+  std::array<hop, 3> hops{};
+  int size = 0;
+  const hop* begin() const noexcept { return hops.data(); }
+  const hop* end() const noexcept { return hops.data() + size; }
+};
+
+/// Marks a staging offset that is not used (the piece needs no staging at that rank).
+inline constexpr bytes_t no_staging = ~bytes_t{0};
+
+/// A contiguous byte range [offset, offset + bytes) of the message src -> dst, and how it travels.
+/// Inter-server pieces ride rail `rail` in stage `stage`: balance src -> (server(src), rail) if
+/// that is another rank, rail hop to (server(dst), rail), redistribute to dst if that is another
+/// rank. Staging offsets say where the piece waits in the staging buffer of the rail ranks.
+struct piece {
+  rank_t src = 0;
+  rank_t dst = 0;
+  bytes_t offset = 0;
+  bytes_t bytes = 0;
+  std::int32_t stage = 0; ///< stage of the rail hop (0 for self, intra and direct pieces)
+  std::int32_t rail = -1; ///< local index of the rail, or -1 for self, intra and direct pieces
+  bytes_t stage_out = no_staging; ///< offset in the sending rail rank's staging buffer
+  bytes_t stage_in = no_staging;  ///< offset in the receiving rail rank's staging buffer
+  friend bool operator==(const piece&, const piece&) = default;
+};
+
+/// What a rank does with a piece. Sends and receives both appear, so that a rank knows what to
+/// post and what to wait for without looking at any other rank's list.
+enum class op_kind : std::uint8_t {
+  self_copy,         ///< src == dst: copy send buffer -> receive buffer
+  intra_send,        ///< same server: write into dst's receive buffer over scale-up
+  intra_recv,        ///< ... and dst expects it
+  balance_send,      ///< src writes into its rail rank's staging buffer (stage_out)
+  balance_recv,      ///< ... and the rail rank expects it
+  rail_send,         ///< rail rank sends to the peer rail rank (staging or receive buffer)
+  rail_recv,         ///< ... and the peer rail rank expects it
+  redistribute_send, ///< receiving rail rank writes from staging (stage_in) into dst's buffer
+  redistribute_recv, ///< ... and dst expects it
+  direct_send,       ///< direct baseline: src writes straight into dst's receive buffer
+  direct_recv,
+};
+
+/// One entry of a rank's work list: which piece, in which stage, doing what.
+struct rank_op {
+  std::uint32_t piece;
+  op_kind kind;
+  friend bool operator==(const rank_op&, const rank_op&) = default;
+};
+
+/// The complete plan of one all-to-allv. Every rank computes the same plan from the same matrix,
+/// topology and options, bit for bit, so plans are never broadcast.
+///
+/// Layout: `stage_weight[t]` and `perm(t)[s]` (the server s sends to in stage t, -1 when idle);
+/// `pieces` grouped by message (all pieces of src -> dst are contiguous and ordered by offset,
+/// found with `message_pieces`); per rank and stage the ops that rank performs (`ops`), where
+/// stage index `stages()` holds nothing and the self and intra copies sit in stage 0.
+struct plan {
+  std::string decomposer;  ///< name of the decomposer that made the stages ("birkhoff", ...)
+  int servers = 0;
+  int gpus_per_server = 0;
+  bytes_t granule = 1;
+  bool staged = true;      ///< false for the direct baseline (no stages, no rails)
+  bytes_t rail_load = 0;   ///< L: per-rail bytes of the busiest server, before padding
+  bytes_t total_bytes = 0; ///< sum of the traffic matrix
+  bytes_t scaleup_bytes = 0; ///< bytes moved over scale-up: intra + balance + redistribute
+
+  std::vector<bytes_t> stage_weight;  ///< per stage: per-rail bytes at most
+  std::vector<std::int32_t> stage_perm; ///< stages x servers
+  std::vector<piece> pieces;
+  std::vector<std::uint32_t> message_first; ///< ranks^2: first piece of message src*N+dst
+  std::vector<std::uint32_t> message_count; ///< ranks^2: its number of pieces
+  std::vector<bytes_t> staging_bytes;     ///< per rank: staging buffer bytes it needs
+  std::vector<std::uint32_t> op_offsets;  ///< CSR over (rank, stage): ranks * stages() + 1
+  std::vector<rank_op> op_list;
+
+  rank_t ranks() const noexcept { return servers * gpus_per_server; }
+  std::size_t stages() const noexcept { return stage_weight.size(); }
+  std::span<const std::int32_t> perm(std::size_t t) const noexcept {
+    return {stage_perm.data() + t * servers, static_cast<std::size_t>(servers)};
+  }
+  /// Sum of the stage weights: the per-rail bytes a server can send in the time the plan takes.
+  bytes_t total_weight() const noexcept {
+    bytes_t w = 0;
+    for (bytes_t x : stage_weight) w += x;
+    return w;
+  }
+  std::span<const piece> message_pieces(rank_t src, rank_t dst) const noexcept {
+    std::size_t m = static_cast<std::size_t>(src) * ranks() + dst;
+    return {pieces.data() + message_first[m], message_count[m]};
+  }
+  /// The ops rank r performs for stage t (t < max(stages(), 1)).
+  std::span<const rank_op> ops(rank_t r, std::size_t t) const noexcept {
+    std::size_t k = static_cast<std::size_t>(r) * op_stages() + t;
+    return {op_list.data() + op_offsets[k], op_offsets[k + 1] - op_offsets[k]};
+  }
+  /// Number of stage slots in the op index: at least one, for the copies.
+  std::size_t op_stages() const noexcept { return stages() == 0 ? 1 : stages(); }
+
+  int server_of(rank_t r) const noexcept { return r / gpus_per_server; }
+  int local_of(rank_t r) const noexcept { return r % gpus_per_server; }
+  rank_t rail_source(const piece& p) const noexcept {
+    return server_of(p.src) * gpus_per_server + p.rail;
+  }
+  rank_t rail_target(const piece& p) const noexcept {
+    return server_of(p.dst) * gpus_per_server + p.rail;
+  }
+
+  /// The hops of a piece, in order (DESIGN.md section 5 routes).
+  route route_of(const piece& p) const noexcept {
+    route r;
+    if (p.src == p.dst) {
+      r.hops[r.size++] = {hop_kind::self, p.src, p.dst, 0};
+    } else if (p.rail < 0) {
+      hop_kind k = server_of(p.src) == server_of(p.dst) ? hop_kind::intra : hop_kind::direct;
+      r.hops[r.size++] = {k, p.src, p.dst, 0};
+    } else {
+      rank_t a = rail_source(p), b = rail_target(p);
+      if (a != p.src) r.hops[r.size++] = {hop_kind::balance, p.src, a, p.stage};
+      r.hops[r.size++] = {hop_kind::rail, a, b, p.stage};
+      if (b != p.dst) r.hops[r.size++] = {hop_kind::redistribute, b, p.dst, p.stage};
+    }
+    return r;
+  }
+
+  /// Bytes of plan storage (what `plan_options::max_plan_bytes` limits).
+  std::size_t memory_bytes() const noexcept {
+    return stage_weight.capacity() * sizeof(bytes_t) + stage_perm.capacity() * 4 +
+           pieces.capacity() * sizeof(piece) + message_first.capacity() * 4 +
+           message_count.capacity() * 4 + staging_bytes.capacity() * sizeof(bytes_t) +
+           op_offsets.capacity() * 4 + op_list.capacity() * sizeof(rank_op);
+  }
+};
+
+namespace detail {
+
+/// Calls f(rank, stage, op_kind) for every op the piece's route makes (sender and receiver side).
+template <class F>
+void for_each_op(const plan& p, const piece& pc, F&& f) {
+  if (pc.src == pc.dst) {
+    f(pc.src, std::size_t{0}, op_kind::self_copy);
+  } else if (pc.rail < 0) {
+    const bool intra = p.server_of(pc.src) == p.server_of(pc.dst);
+    f(pc.src, std::size_t{0}, intra ? op_kind::intra_send : op_kind::direct_send);
+    f(pc.dst, std::size_t{0}, intra ? op_kind::intra_recv : op_kind::direct_recv);
+  } else {
+    const rank_t a = p.rail_source(pc), b = p.rail_target(pc);
+    const std::size_t t = static_cast<std::size_t>(pc.stage);
+    if (a != pc.src) {
+      f(pc.src, t, op_kind::balance_send);
+      f(a, t, op_kind::balance_recv);
+    }
+    f(a, t, op_kind::rail_send);
+    f(b, t, op_kind::rail_recv);
+    if (b != pc.dst) {
+      f(b, t, op_kind::redistribute_send);
+      f(pc.dst, t, op_kind::redistribute_recv);
+    }
+  }
+}
+
+/// Fills the executor's view of a plan whose pieces are set: staging offsets (each rank's buffer
+/// holds the pieces balanced into it, then the pieces it receives for redistribution, in piece
+/// order) and the per-(rank, stage) op index. A counting sort: linear in the pieces.
+inline void build_index(plan& p) {
+  const rank_t n = p.ranks();
+  const std::size_t slots = p.op_stages();
+  p.staging_bytes.assign(n, 0);
+  p.op_offsets.assign(static_cast<std::size_t>(n) * slots + 1, 0);
+  for (piece& pc : p.pieces) {
+    if (pc.rail >= 0) {
+      const rank_t a = p.rail_source(pc);
+      pc.stage_out = no_staging;
+      pc.stage_in = no_staging;
+      if (a != pc.src) {
+        pc.stage_out = p.staging_bytes[a];
+        p.staging_bytes[a] += pc.bytes;
+      }
+    }
+    for_each_op(p, pc, [&](rank_t r, std::size_t t, op_kind) {
+      ++p.op_offsets[static_cast<std::size_t>(r) * slots + t + 1];
+    });
+  }
+  for (piece& pc : p.pieces)
+    if (pc.rail >= 0 && p.rail_target(pc) != pc.dst) {
+      const rank_t b = p.rail_target(pc);
+      pc.stage_in = p.staging_bytes[b];
+      p.staging_bytes[b] += pc.bytes;
+    }
+  for (std::size_t i = 1; i < p.op_offsets.size(); ++i) p.op_offsets[i] += p.op_offsets[i - 1];
+  p.op_list.resize(p.op_offsets.back());
+  for (std::size_t i = 0; i < p.pieces.size(); ++i)
+    for_each_op(p, p.pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
+      p.op_list[p.op_offsets[static_cast<std::size_t>(r) * slots + t]++] =
+          rank_op{static_cast<std::uint32_t>(i), k};
+    });
+  // Every cursor now points at the start of the next bucket: shift back by one bucket.
+  for (std::size_t i = p.op_offsets.size() - 1; i > 0; --i) p.op_offsets[i] = p.op_offsets[i - 1];
+  p.op_offsets[0] = 0;
+}
+
+} // namespace detail
+
+} // namespace fasta2a

@@ -1,0 +1,400 @@
+// fasta2a: the FAST planner. Phase 1 (intra-server reshaping onto rails), phase 2 (a Decomposer's
+// stages), and the flat plan an executor walks.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+#include "fasta2a/decompose.hpp"
+#include "fasta2a/plan.hpp"
+#include "fasta2a/topology.hpp"
+#include "fasta2a/traffic.hpp"
+
+namespace fasta2a {
+
+/// Options of the planner.
+struct plan_options {
+  /// Rail loads of a server pair are equal to within one granule, and splits fall on granule
+  /// boundaries of the message where the message sizes allow: use the token size so that tokens
+  /// are not cut. Must be at least 1.
+  bytes_t granule = 1;
+  /// The planner throws plan_too_large instead of building a plan larger than this (stages,
+  /// pieces and the per-rank op index together).
+  std::size_t max_plan_bytes = std::size_t{2} << 30;
+};
+
+/// Rail capacities of one server pair carrying V bytes over G rails: each rail gets the same
+/// multiple of the granule, and the remainder goes one granule at a time (the last part smaller)
+/// to the rails listed first in `order`. Returns the largest capacity.
+inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const int* order,
+                               bytes_t* cap) {
+  const bytes_t unit = static_cast<bytes_t>(gpus) * granule;
+  const bytes_t base = (v / unit) * granule;
+  bytes_t rem = v - base * gpus; // < gpus * granule
+  for (int k = 0; k < gpus; ++k) cap[k] = base;
+  bytes_t top = base;
+  for (int i = 0; i < gpus && rem > 0; ++i) {
+    bytes_t extra = std::min(rem, granule);
+    cap[order[i]] += extra;
+    top = std::max(top, cap[order[i]]);
+    rem -= extra;
+  }
+  return top;
+}
+
+/// The per-rail bytes from server s to server d in a FAST plan: the largest rail capacity of the
+/// pair, which depends only on the pair's total bytes.
+inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
+  const bytes_t unit = static_cast<bytes_t>(gpus) * granule;
+  const bytes_t base = (v / unit) * granule;
+  const bytes_t rem = v - base * gpus;
+  return base + std::min(rem, granule);
+}
+
+/// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
+/// same plan object every iteration: its storage and the planner's scratch are reused.
+template <Topology Topo, Decomposer D = birkhoff_decomposer>
+class planner {
+public:
+  explicit planner(Topo topo, plan_options opt = {}, D dec = {})
+      : topo_(std::move(topo)), opt_(opt), dec_(std::move(dec)) {
+    if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
+  }
+
+  const Topo& topology() const noexcept { return topo_; }
+  const plan_options& options() const noexcept { return opt_; }
+  /// M of the last plan: per-rail bytes between servers.
+  const server_matrix& rail_matrix() const noexcept { return m_; }
+
+  /// The plan for traffic matrix t (ranks x ranks bytes). Throws fasta2a::error on a matrix that
+  /// does not fit the topology or whose sums overflow, plan_too_large past max_plan_bytes.
+  plan make(const traffic_matrix& t) {
+    plan p;
+    make_into(t, p);
+    return p;
+  }
+
+  /// As `make`, reusing p's storage.
+  void make_into(const traffic_matrix& t, plan& p) {
+    const rank_t n = topo_.ranks();
+    const int S = topo_.servers();
+    const int G = gpus();
+    p.total_bytes = check_traffic(t, n);
+    p.decomposer = D::name;
+    p.servers = S;
+    p.gpus_per_server = G;
+    p.granule = opt_.granule;
+    p.staged = D::staged;
+    p.scaleup_bytes = 0;
+
+    // Phase 2 first needs only the pair totals: M(s, d) = the largest rail capacity of (s, d).
+    m_.setZero(S, S);
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d) m_(s, d) = per_rail_bytes(block_sum(t, s, d), G, opt_.granule);
+    p.rail_load = max_line_sum(m_);
+
+    stages_.max_bytes = opt_.max_plan_bytes;
+    dec_.decompose(m_, stages_);
+    p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
+    p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
+    const std::size_t T = p.stages();
+    const std::size_t op_slots = static_cast<std::size_t>(n) * (T == 0 ? 1 : T) + 1;
+    check_size(T * (S * 4 + 8) + op_slots * 4 + 2 * static_cast<std::size_t>(n) * n * 4,
+               "stages and index");
+    index_pair_stages(p);
+
+    // Phase 1 and the pieces, one server pair at a time.
+    p.pieces.clear();
+    p.message_first.assign(static_cast<std::size_t>(n) * n, 0);
+    p.message_count.assign(static_cast<std::size_t>(n) * n, 0);
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d || !D::staged) emit_unstaged_pair(t, p, s, d);
+        else emit_pair(t, p, s, d);
+        check_size(p.pieces.size() * (sizeof(piece) + 6 * sizeof(rank_op)), "pieces");
+      }
+    detail::build_index(p);
+  }
+
+private:
+  int gpus() const noexcept {
+    if constexpr (static_gpus_v<Topo> > 0) return static_gpus_v<Topo>;
+    else return topo_.gpus_per_server();
+  }
+
+  void check_size(std::size_t bytes, const char* what) const {
+    if (bytes / (sizeof(piece) + 6 * sizeof(rank_op)) >= (std::size_t{1} << 32) / 8)
+      throw plan_too_large(std::string("plan has too many ") + what + " to index");
+    if (bytes > opt_.max_plan_bytes)
+      throw plan_too_large("plan exceeds its size limit of " + std::to_string(opt_.max_plan_bytes) +
+                           " bytes (" + what + " alone need " + std::to_string(bytes) +
+                           "); raise plan_options::max_plan_bytes");
+  }
+
+  static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
+    return t.data()[static_cast<std::size_t>(i) * t.cols() + j];
+  }
+
+  bytes_t block_sum(const traffic_matrix& t, int s, int d) const noexcept {
+    const int G = gpus();
+    bytes_t v = 0;
+    for (int a = 0; a < G; ++a) {
+      const bytes_t* row = t.data() + static_cast<std::size_t>(s * G + a) * t.cols() + d * G;
+      for (int b = 0; b < G; ++b) v += row[b];
+    }
+    return v;
+  }
+
+  // For every server pair (s, d), the stages in which s sends to d (CSR), and -1 in the plan's
+  // permutation where a stage only carries padding for s.
+  void index_pair_stages(plan& p) {
+    const int S = p.servers;
+    const std::size_t T = p.stages();
+    pair_first_.assign(static_cast<std::size_t>(S) * S + 1, 0);
+    for (std::size_t t = 0; t < T; ++t)
+      for (int s = 0; s < S; ++s) {
+        int d = p.stage_perm[t * S + s];
+        if (d == s) p.stage_perm[t * S + s] = d = -1;
+        if (d >= 0) ++pair_first_[static_cast<std::size_t>(s) * S + d + 1];
+      }
+    for (std::size_t i = 1; i < pair_first_.size(); ++i) pair_first_[i] += pair_first_[i - 1];
+    pair_stages_.resize(pair_first_.back());
+    fill_.assign(pair_first_.begin(), pair_first_.end() - 1);
+    pair_weight_.assign(static_cast<std::size_t>(S) * S, 0);
+    for (std::size_t t = 0; t < T; ++t)
+      for (int s = 0; s < S; ++s) {
+        int d = p.stage_perm[t * S + s];
+        if (d < 0) continue;
+        std::size_t pr = static_cast<std::size_t>(s) * S + d;
+        // Rails of (s, d) fill stages in order, so a stage that starts past M(s, d) is padding.
+        if (pair_weight_[pr] >= m_(s, d)) p.stage_perm[t * S + s] = -1;
+        pair_weight_[pr] += p.stage_weight[t];
+        pair_stages_[fill_[pr]++] = static_cast<std::int32_t>(t);
+      }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d && D::staged && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
+          throw error(std::string("decomposer '") + D::name + "' gave server pair (" +
+                      std::to_string(s) + ", " + std::to_string(d) + ") " +
+                      std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
+                      " per-rail bytes of stages; it needs " + std::to_string(m_(s, d)));
+  }
+
+  void open_message(plan& p, rank_t src, rank_t dst) {
+    std::size_t m = static_cast<std::size_t>(src) * topo_.ranks() + dst;
+    p.message_first[m] = static_cast<std::uint32_t>(p.pieces.size());
+  }
+  void close_message(plan& p, rank_t src, rank_t dst) {
+    std::size_t m = static_cast<std::size_t>(src) * topo_.ranks() + dst;
+    p.message_count[m] = static_cast<std::uint32_t>(p.pieces.size() - p.message_first[m]);
+  }
+
+  // Same-server traffic (self copies and direct scale-up), and every message of the direct
+  // baseline: one piece each, no rail.
+  void emit_unstaged_pair(const traffic_matrix& t, plan& p, int s, int d) {
+    const int G = gpus();
+    for (int a = 0; a < G; ++a)
+      for (int b = 0; b < G; ++b) {
+        rank_t src = s * G + a, dst = d * G + b;
+        bytes_t v = at(t, src, dst);
+        open_message(p, src, dst);
+        if (v > 0) {
+          p.pieces.push_back(piece{src, dst, 0, v, 0, -1, no_staging, no_staging});
+          if (s == d && a != b) p.scaleup_bytes += v;
+        }
+        close_message(p, src, dst);
+      }
+  }
+
+  // Phase 1 for server pair (s, d), then the pieces, each rail filling the pair's stages in order.
+  void emit_pair(const traffic_matrix& t, plan& p, int s, int d) {
+    const int G = gpus();
+    const int S = p.servers;
+    const std::size_t GG = static_cast<std::size_t>(G) * G;
+    if (cap_.size() < static_cast<std::size_t>(G)) {
+      cap_.resize(G);
+      res_.resize(G);
+      order_.resize(G);
+      used_.resize(G);
+      cursor_.resize(G);
+      parent_.resize(G);
+      bfs_.resize(G);
+    }
+    if (y_.size() < GG) y_.resize(GG);
+    const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * t.cols() + d * G;
+    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    auto B = [&](int a, int b) { return blk[a * ld + b]; };
+
+    bytes_t v = 0;
+    for (int a = 0; a < G; ++a)
+      for (int b = 0; b < G; ++b) v += B(a, b);
+
+    // Extra granules go to the rails with the most traffic that needs no scale-up hop.
+    for (int k = 0; k < G; ++k) order_[k] = k;
+    for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
+      for (int j = i; j > 0 && B(order_[j], order_[j]) > B(order_[j - 1], order_[j - 1]); --j)
+        std::swap(order_[j], order_[j - 1]);
+    rail_capacities(v, G, opt_.granule, order_.data(), cap_.data());
+
+    // 1. A byte from GPU k to GPU k stays on rail k: no scale-up hop at all.
+    for (int k = 0; k < G; ++k) res_[k] = cap_[k] - std::min(B(k, k), cap_[k]);
+    // 2. A byte from GPU u to GPU v != u costs one hop on rail u or rail v, two elsewhere.
+    //    Maximise the bytes placed on one of their own two rails: a max flow from the pair
+    //    {u, v} to rails u and v, started greedily and finished with augmenting paths.
+    std::fill(y_.begin(), y_.begin() + GG, 0);
+    for (int u = 0; u < G; ++u)
+      for (int w = u + 1; w < G; ++w) {
+        bytes_t uw = B(u, w), wu = B(w, u);
+        bytes_t x = std::min(uw, res_[u]);
+        place(u, w, x, G);
+        uw -= x;
+        x = std::min(wu, res_[w]);
+        place(w, u, x, G);
+        wu -= x;
+        x = std::min(uw + wu, res_[w]); // what is left of u -> w may use w's rail
+        place(w, u, x, G);
+        bytes_t left = uw + wu - x;
+        x = std::min(left, res_[u]);
+        place(u, w, x, G);
+        left -= x;
+        if (left > 0) augment(u, w, left, G);
+      }
+
+    // Pieces, message by message; each rail's position advances through the pair's stages.
+    const std::size_t pr = static_cast<std::size_t>(s) * S + d;
+    const std::int32_t* stages = pair_stages_.data() + pair_first_[pr];
+    const std::size_t nstages = pair_first_[pr + 1] - pair_first_[pr];
+    for (int k = 0; k < G; ++k) {
+      cursor_[k] = 0;
+      used_[k] = 0;
+    }
+    // Rails with capacity left take what did not fit on a message's own rails (two hops).
+    int spill = 0;
+    auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) {
+      const int a = src - s * G, b = dst - d * G;
+      p.scaleup_bytes += bytes * ((a != k) + (k != b));
+      while (bytes > 0) {
+        if (cursor_[k] >= nstages)
+          throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
+                      std::to_string(s) + ", " + std::to_string(d) + ") ran out of stages");
+        const std::int32_t st = stages[cursor_[k]];
+        const bytes_t room = p.stage_weight[st] - used_[k];
+        if (room == 0) {
+          ++cursor_[k];
+          used_[k] = 0;
+          continue;
+        }
+        const bytes_t x = std::min(bytes, room);
+        p.pieces.push_back(piece{src, dst, off, x, st, k, no_staging, no_staging});
+        used_[k] += x;
+        off += x;
+        bytes -= x;
+      }
+    };
+    auto spill_rest = [&](rank_t src, rank_t dst, bytes_t left, bytes_t& off) {
+      while (left > 0) {
+        while (spill < G && res_[spill] == 0) ++spill;
+        if (spill == G)
+          throw error("internal error: server pair (" + std::to_string(s) + ", " +
+                      std::to_string(d) + ") has more bytes than rail capacity");
+        bytes_t x = std::min(left, res_[spill]);
+        res_[spill] -= x;
+        emit(src, dst, spill, x, off);
+        left -= x;
+      }
+    };
+    for (int a = 0; a < G; ++a)
+      for (int b = 0; b < G; ++b) {
+        const rank_t src = s * G + a, dst = d * G + b;
+        open_message(p, src, dst);
+        bytes_t off = 0, left = B(a, b);
+        if (a == b) {
+          bytes_t x = std::min(left, cap_[a]);
+          emit(src, dst, a, x, off);
+          left -= x;
+        } else {
+          // Pair {a, b} holds y(a, b) bytes on rail a and y(b, a) on rail b, for both
+          // directions: a -> b takes rail a first (the sender's own NIC), and b -> a gets the rest.
+          const bytes_t on_a = y_[a * G + b], on_b = y_[b * G + a];
+          const bytes_t back = B(b, a); // the reverse message, which prefers rail b
+          const bytes_t mine_a = std::min(left, on_a);
+          const bytes_t rev_b = std::min(back, on_b);
+          const bytes_t mine_b = std::min(left - mine_a, on_b - rev_b);
+          emit(src, dst, a, mine_a, off);
+          emit(src, dst, b, mine_b, off);
+          left -= mine_a + mine_b;
+        }
+        spill_rest(src, dst, left, off);
+        close_message(p, src, dst);
+      }
+  }
+
+  // y(x, o) += amount: pair {x, o} places `amount` more bytes on rail x.
+  void place(int x, int o, bytes_t amount, int G) {
+    y_[x * G + o] += amount;
+    res_[x] -= amount;
+  }
+
+  // Augmenting paths over rails for `left` bytes of pair {u, w} whose own rails are full: shift
+  // bytes of other pairs off a full rail onto their other rail until one with room is reached.
+  void augment(int u, int w, bytes_t& left, int G) {
+    while (left > 0) {
+      std::fill(parent_.begin(), parent_.begin() + G, -2);
+      int head = 0, tail = 0, found = -1;
+      parent_[u] = -1;
+      bfs_[tail++] = u;
+      parent_[w] = -1;
+      bfs_[tail++] = w;
+      while (head < tail && found < 0) {
+        int x = bfs_[head++];
+        for (int z = 0; z < G; ++z) {
+          if (parent_[z] != -2 || y_[x * G + z] == 0) continue;
+          parent_[z] = x;
+          if (res_[z] > 0) {
+            found = z;
+            break;
+          }
+          bfs_[tail++] = z;
+        }
+      }
+      if (found < 0) return; // the rest must ride rails that cost two hops
+      bytes_t amt = std::min(left, res_[found]);
+      int start = found;
+      for (int z = found; parent_[z] >= 0; z = parent_[z]) {
+        amt = std::min(amt, y_[parent_[z] * G + z]);
+        start = parent_[z];
+      }
+      for (int z = found; parent_[z] >= 0; z = parent_[z]) {
+        y_[parent_[z] * G + z] -= amt;
+        y_[z * G + parent_[z]] += amt;
+      }
+      res_[found] -= amt;
+      y_[start * G + (start == u ? w : u)] += amt;
+      left -= amt;
+    }
+  }
+
+  Topo topo_;
+  plan_options opt_;
+  D dec_;
+  server_matrix m_;
+  stage_list stages_;
+  std::vector<std::size_t> pair_first_, fill_;
+  std::vector<std::int32_t> pair_stages_;
+  std::vector<bytes_t> pair_weight_;
+  std::vector<bytes_t> cap_, res_, y_, used_;
+  std::vector<std::size_t> cursor_;
+  std::vector<int> order_, parent_, bfs_;
+};
+
+/// Plans traffic matrix t on topology topo with decomposer D (exact Birkhoff by default).
+template <Decomposer D = birkhoff_decomposer, Topology Topo>
+plan make_plan(const Topo& topo, const traffic_matrix& t, plan_options opt = {}) {
+  return planner<Topo, D>(topo, opt).make(t);
+}
+
+} // namespace fasta2a

@@ -1,0 +1,140 @@
+// fasta2a: two-tier cluster topologies (scale-up inside a server, rail-optimised scale-out).
+#pragma once
+
+#include <concepts>
+#include <string>
+
+#include "fasta2a/common.hpp"
+
+namespace fasta2a {
+
+/// How the GPUs of one server are connected.
+enum class scaleup_kind {
+  switch_fabric, ///< NVLink/NVSwitch: every GPU has one port of `scaleup_bandwidth()` per direction.
+  mesh,          ///< AMD xGMI: every GPU pair has its own link of `scaleup_bandwidth()` per direction.
+};
+
+inline const char* to_string(scaleup_kind k) noexcept {
+  return k == scaleup_kind::switch_fabric ? "switch" : "mesh";
+}
+
+/// What the planner needs to know of a cluster: S servers of G GPUs, rank r = s * G + k on server s
+/// with local index k, which is also its rail (NIC k of every server talks to NIC k of the others).
+/// Bandwidths are bytes per second per direction: per GPU port (switch) or per GPU pair (mesh) for
+/// scale-up, per NIC for scale-out.
+template <class T>
+concept Topology = requires(const T& t, rank_t r, int s, int k) {
+  { t.servers() } -> std::convertible_to<int>;
+  { t.gpus_per_server() } -> std::convertible_to<int>;
+  { t.ranks() } -> std::convertible_to<rank_t>;
+  { t.server_of(r) } -> std::convertible_to<int>;
+  { t.local_of(r) } -> std::convertible_to<int>;
+  { t.rank_of(s, k) } -> std::convertible_to<rank_t>;
+  { t.scaleup() } -> std::same_as<scaleup_kind>;
+  { t.scaleup_bandwidth() } -> std::convertible_to<double>;
+  { t.scaleout_bandwidth() } -> std::convertible_to<double>;
+};
+
+/// Bandwidth figures of one server type; shared by both topology templates.
+struct link_model {
+  scaleup_kind kind = scaleup_kind::switch_fabric;
+  double scaleup_bandwidth = 450e9; ///< bytes/s per direction, per port (switch) or per pair (mesh)
+  double scaleout_bandwidth = 50e9; ///< bytes/s per direction per NIC
+};
+
+/// NVIDIA H200 server: 8 GPUs on NVSwitch (about 450 GB/s per direction per GPU), one 400 Gb/s
+/// NIC per GPU.
+inline constexpr link_model h200_links{scaleup_kind::switch_fabric, 450e9, 50e9};
+/// AMD MI300X server: 8 GPUs in an xGMI full mesh (about 64 GB/s per direction per pair, 7 links
+/// per GPU), one 400 Gb/s NIC per GPU.
+inline constexpr link_model mi300x_links{scaleup_kind::mesh, 64e9, 50e9};
+
+namespace detail {
+inline void check_shape(long long servers, long long gpus) {
+  if (servers < 1)
+    throw error("topology needs at least one server (got " + std::to_string(servers) + ")");
+  if (gpus < 1)
+    throw error("topology needs at least one GPU per server (got " + std::to_string(gpus) + ")");
+  if (servers * gpus > (1LL << 30))
+    throw error("topology of " + std::to_string(servers) + " x " + std::to_string(gpus) +
+                " ranks is too large");
+}
+inline void check_links(const link_model& l) {
+  if (!(l.scaleup_bandwidth > 0) || !(l.scaleout_bandwidth > 0))
+    throw error("topology bandwidths must be positive");
+}
+} // namespace detail
+
+/// A two-tier topology whose sizes are chosen at run time.
+class two_tier_topology {
+public:
+  /// Throws fasta2a::error if servers < 1, gpus_per_server < 1 or a bandwidth is not positive.
+  two_tier_topology(int servers, int gpus_per_server, link_model links = h200_links)
+      : servers_(servers), gpus_(gpus_per_server), links_(links) {
+    detail::check_shape(servers, gpus_per_server);
+    detail::check_links(links);
+  }
+  int servers() const noexcept { return servers_; }
+  int gpus_per_server() const noexcept { return gpus_; }
+  rank_t ranks() const noexcept { return servers_ * gpus_; }
+  int server_of(rank_t r) const noexcept { return r / gpus_; }
+  int local_of(rank_t r) const noexcept { return r % gpus_; }
+  rank_t rank_of(int s, int k) const noexcept { return s * gpus_ + k; }
+  scaleup_kind scaleup() const noexcept { return links_.kind; }
+  double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
+  double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
+  const link_model& links() const noexcept { return links_; }
+
+private:
+  int servers_;
+  int gpus_;
+  link_model links_;
+};
+
+/// A two-tier topology with G GPUs per server fixed at compile time: the planner's per-server loops
+/// and scratch arrays are then sized by a constant, so they unroll and live on the stack.
+template <int G>
+class fixed_topology {
+  static_assert(G >= 1, "fixed_topology needs at least one GPU per server");
+
+public:
+  static constexpr int static_gpus = G;
+  explicit fixed_topology(int servers, link_model links = h200_links)
+      : servers_(servers), links_(links) {
+    detail::check_shape(servers, G);
+    detail::check_links(links);
+  }
+  int servers() const noexcept { return servers_; }
+  static constexpr int gpus_per_server() noexcept { return G; }
+  rank_t ranks() const noexcept { return servers_ * G; }
+  static constexpr int server_of(rank_t r) noexcept { return r / G; }
+  static constexpr int local_of(rank_t r) noexcept { return r % G; }
+  static constexpr rank_t rank_of(int s, int k) noexcept { return s * G + k; }
+  scaleup_kind scaleup() const noexcept { return links_.kind; }
+  double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
+  double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
+  const link_model& links() const noexcept { return links_; }
+
+private:
+  int servers_;
+  link_model links_;
+};
+
+/// S servers of 8 H200 GPUs on NVSwitch.
+inline fixed_topology<8> h200_cluster(int servers) { return fixed_topology<8>(servers, h200_links); }
+/// S servers of 8 MI300X GPUs in an xGMI mesh.
+inline fixed_topology<8> mi300x_cluster(int servers) {
+  return fixed_topology<8>(servers, mi300x_links);
+}
+
+/// GPUs per server if the topology fixes it at compile time, else 0.
+template <class T>
+inline constexpr int static_gpus_v = 0;
+template <class T>
+  requires requires { T::static_gpus; }
+inline constexpr int static_gpus_v<T> = T::static_gpus;
+
+static_assert(Topology<two_tier_topology>);
+static_assert(Topology<fixed_topology<8>>);
+
+} // namespace fasta2a

@@ -1,0 +1,240 @@
+// fasta2a: an independent checker of plans against their traffic matrix.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fasta2a/plan.hpp"
+#include "fasta2a/traffic.hpp"
+
+namespace fasta2a {
+
+/// What `verify` found: `ok`, or the first violation in words.
+struct verify_result {
+  bool ok = true;
+  std::string error;
+  explicit operator bool() const noexcept { return ok; }
+};
+
+/// Options of the verifier.
+struct verify_options {
+  /// Require the stage weights to sum to the scale-out lower bound: the largest per-server
+  /// traffic (out or in) divided by G, plus at most one granule of rounding per server pair
+  /// (exact decomposers). Off, the sum need only reach that bound.
+  bool exact_lower_bound = false;
+};
+
+/// Checks plan p against traffic matrix t without trusting the planner:
+/// - the shape fits (N x N with N = servers x gpus_per_server);
+/// - every message is tiled exactly by its pieces (no gap, no overlap, nothing extra), and every
+///   piece belongs to exactly one message;
+/// - every hop is legal for its kind (self, intra, balance / rail / redistribute on rail k between
+///   servers, direct only in unstaged plans);
+/// - each stage is a partial permutation: no server sends to two or receives from two; a piece's
+///   rail hop goes where its stage's permutation sends its server;
+/// - per stage, server and rail, the bytes are at most the stage weight; per server pair the rail
+///   loads differ by at most one granule (phase 1 balance);
+/// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
+/// - staging regions lie inside each rank's staging size and never overlap;
+/// - the per-rank op index lists every hop of every piece exactly once, at the right rank and stage.
+inline verify_result verify(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
+  verify_result res;
+  auto fail = [&](std::string msg) {
+    if (res.ok) {
+      res.ok = false;
+      res.error = std::move(msg);
+    }
+    return res;
+  };
+  using std::to_string;
+  const int S = p.servers, G = p.gpus_per_server;
+  if (S < 1 || G < 1) return fail("plan has no servers or no GPUs");
+  const rank_t n = S * G;
+  if (t.rows() != n || t.cols() != n)
+    return fail("matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " +
+                to_string(n) + " ranks");
+  const std::size_t T = p.stages();
+  const std::size_t nn = static_cast<std::size_t>(n) * n;
+  if (p.stage_perm.size() != T * S) return fail("stage permutations do not match stage count");
+  if (!p.staged && T != 0) return fail("an unstaged plan has stages");
+  if (p.message_first.size() != nn || p.message_count.size() != nn)
+    return fail("message index is not ranks x ranks");
+  if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
+
+  // Stages are partial permutations with positive weights.
+  std::vector<int> seen(S);
+  for (std::size_t st = 0; st < T; ++st) {
+    if (p.stage_weight[st] == 0) return fail("stage " + to_string(st) + " has weight 0");
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int s = 0; s < S; ++s) {
+      int d = p.perm(st)[s];
+      if (d == -1) continue;
+      if (d < 0 || d >= S || d == s)
+        return fail("stage " + to_string(st) + " sends server " + to_string(s) + " to " +
+                    to_string(d));
+      if (seen[d]++)
+        return fail("server " + to_string(d) + " receives from two servers in stage " +
+                    to_string(st));
+    }
+  }
+
+  // Messages are tiled by their pieces; pieces are legal.
+  std::vector<unsigned char> owned(p.pieces.size(), 0);
+  struct load {
+    std::size_t key;
+    bytes_t bytes;
+  };
+  std::vector<load> rail_loads, pair_loads;
+  for (rank_t src = 0; src < n; ++src)
+    for (rank_t dst = 0; dst < n; ++dst) {
+      const std::size_t m = static_cast<std::size_t>(src) * n + dst;
+      const std::size_t first = p.message_first[m], count = p.message_count[m];
+      if (first + count > p.pieces.size() || first + count < first)
+        return fail("message " + to_string(src) + "->" + to_string(dst) + " indexes past the pieces");
+      bytes_t off = 0;
+      const int s = src / G, d = dst / G;
+      for (std::size_t i = first; i < first + count; ++i) {
+        const piece& pc = p.pieces[i];
+        const std::string where = "piece " + to_string(i) + " (" + to_string(src) + "->" +
+                                  to_string(dst) + ", offset " + to_string(pc.offset) + ")";
+        if (owned[i]++) return fail(where + " belongs to two messages");
+        if (pc.src != src || pc.dst != dst) return fail(where + " is filed under another message");
+        if (pc.bytes == 0) return fail(where + " is empty");
+        if (pc.offset != off) return fail(where + " leaves a gap or overlaps: expected offset " + to_string(off));
+        if (pc.offset + pc.bytes < pc.offset) return fail(where + " overflows");
+        off = pc.offset + pc.bytes;
+        if (src == dst || s == d || !p.staged) {
+          if (pc.rail != -1) return fail(where + " rides a rail but needs none");
+          if (pc.stage != 0) return fail(where + " has a stage but needs none");
+          continue;
+        }
+        if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
+        if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
+          return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
+        if (p.perm(pc.stage)[s] != d)
+          return fail(where + " rides stage " + to_string(pc.stage) + ", in which server " +
+                      to_string(s) + " sends to " + to_string(p.perm(pc.stage)[s]));
+        rail_loads.push_back({(static_cast<std::size_t>(pc.stage) * S + s) * G + pc.rail, pc.bytes});
+        pair_loads.push_back({(static_cast<std::size_t>(s) * S + d) * G + pc.rail, pc.bytes});
+        const rank_t a = s * G + pc.rail, b = d * G + pc.rail;
+        if ((a == src) != (pc.stage_out == no_staging))
+          return fail(where + " has a staging slot at its rail sender iff it needs a balance hop: violated");
+        if ((b == dst) != (pc.stage_in == no_staging))
+          return fail(where + " has a staging slot at its rail receiver iff it needs a redistribute hop: violated");
+      }
+      if (off != t(src, dst))
+        return fail("message " + to_string(src) + "->" + to_string(dst) + " has " + to_string(off) +
+                    " bytes in pieces, the matrix says " + to_string(t(src, dst)));
+    }
+  for (std::size_t i = 0; i < owned.size(); ++i)
+    if (!owned[i]) return fail("piece " + to_string(i) + " belongs to no message");
+
+  // Rail loads within stage weights; rail loads of a server pair balanced to one granule.
+  auto by_key = [](const load& x, const load& y) { return x.key < y.key; };
+  std::sort(rail_loads.begin(), rail_loads.end(), by_key);
+  for (std::size_t i = 0; i < rail_loads.size();) {
+    bytes_t sum = 0;
+    std::size_t k = rail_loads[i].key;
+    for (; i < rail_loads.size() && rail_loads[i].key == k; ++i) sum += rail_loads[i].bytes;
+    const std::size_t st = k / (static_cast<std::size_t>(S) * G);
+    if (sum > p.stage_weight[st])
+      return fail("stage " + to_string(st) + ": server " + to_string(k / G % S) + " rail " +
+                  to_string(k % G) + " carries " + to_string(sum) + " bytes, weight is " +
+                  to_string(p.stage_weight[st]));
+  }
+  if (p.staged) {
+    std::vector<bytes_t> per_rail(static_cast<std::size_t>(S) * S * G, 0);
+    for (const load& l : pair_loads) per_rail[l.key] += l.bytes;
+    for (std::size_t pr = 0; pr < static_cast<std::size_t>(S) * S; ++pr) {
+      const auto [lo, hi] = std::minmax_element(per_rail.begin() + pr * G, per_rail.begin() + (pr + 1) * G);
+      if (*hi - *lo > p.granule)
+        return fail("server pair (" + to_string(pr / S) + ", " + to_string(pr % S) +
+                    "): rail loads range from " + to_string(*lo) + " to " + to_string(*hi) +
+                    " bytes, more than one granule (" + to_string(p.granule) + ") apart");
+    }
+  }
+
+  // Stage weights against the scale-out lower bound, computed here from the matrix alone.
+  if (p.staged && S > 1) {
+    std::vector<bytes_t> out(S, 0), in(S, 0);
+    for (rank_t i = 0; i < n; ++i)
+      for (rank_t j = 0; j < n; ++j)
+        if (i / G != j / G) {
+          out[i / G] += t(i, j);
+          in[j / G] += t(i, j);
+        }
+    bytes_t busiest = 0;
+    for (int s = 0; s < S; ++s) busiest = std::max({busiest, out[s], in[s]});
+    const bytes_t bound = (busiest + G - 1) / G;
+    const bytes_t total = p.total_weight();
+    if (total < bound)
+      return fail("stage weights sum to " + to_string(total) + ", below the lower bound " +
+                  to_string(bound) + " per rail");
+    const bytes_t slack = static_cast<bytes_t>(S) * p.granule;
+    if (opt.exact_lower_bound && total > bound + slack)
+      return fail("stage weights sum to " + to_string(total) + ", above the lower bound " +
+                  to_string(bound) + " plus rounding " + to_string(slack));
+  }
+
+  // Staging regions: inside each rank's buffer, disjoint.
+  struct region {
+    rank_t rank;
+    bytes_t begin, end;
+  };
+  std::vector<region> regions;
+  for (const piece& pc : p.pieces) {
+    if (pc.rail < 0) continue;
+    if (pc.stage_out != no_staging) regions.push_back({p.rail_source(pc), pc.stage_out, pc.stage_out + pc.bytes});
+    if (pc.stage_in != no_staging) regions.push_back({p.rail_target(pc), pc.stage_in, pc.stage_in + pc.bytes});
+  }
+  std::sort(regions.begin(), regions.end(), [](const region& x, const region& y) {
+    return std::tie(x.rank, x.begin) < std::tie(y.rank, y.begin);
+  });
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    const region& r = regions[i];
+    if (r.end > p.staging_bytes[r.rank])
+      return fail("rank " + to_string(r.rank) + ": staging region ends at " + to_string(r.end) +
+                  ", past its staging size " + to_string(p.staging_bytes[r.rank]));
+    if (i > 0 && regions[i - 1].rank == r.rank && regions[i - 1].end > r.begin)
+      return fail("rank " + to_string(r.rank) + ": staging regions overlap at " + to_string(r.begin));
+  }
+
+  // The op index: every hop of every piece at both ends, once, at the right rank and stage.
+  const std::size_t slots = p.op_stages();
+  if (p.op_offsets.size() != static_cast<std::size_t>(n) * slots + 1 ||
+      p.op_offsets.back() != p.op_list.size())
+    return fail("op index has the wrong size");
+  std::vector<std::uint16_t> marks(p.pieces.size(), 0);
+  for (rank_t r = 0; r < n; ++r)
+    for (std::size_t st = 0; st < slots; ++st)
+      for (const rank_op& op : p.ops(r, st)) {
+        if (op.piece >= p.pieces.size()) return fail("op index names a piece that does not exist");
+        const piece& pc = p.pieces[op.piece];
+        const std::uint16_t bit = static_cast<std::uint16_t>(1u << static_cast<unsigned>(op.kind));
+        if (marks[op.piece] & bit)
+          return fail("piece " + to_string(op.piece) + " appears twice in the op index as " +
+                      to_string(static_cast<int>(op.kind)));
+        marks[op.piece] |= bit;
+        bool right = false;
+        const std::size_t ps = pc.rail < 0 ? 0 : static_cast<std::size_t>(pc.stage);
+        detail::for_each_op(p, pc, [&](rank_t rr, std::size_t tt, op_kind kk) {
+          right |= rr == r && tt == st && kk == op.kind && tt == ps;
+        });
+        if (!right)
+          return fail("rank " + to_string(r) + " stage " + to_string(st) + " lists piece " +
+                      to_string(op.piece) + " for an op its route does not make");
+      }
+  for (std::size_t i = 0; i < p.pieces.size(); ++i) {
+    std::uint16_t want = 0;
+    detail::for_each_op(p, p.pieces[i], [&](rank_t, std::size_t, op_kind k) {
+      want |= static_cast<std::uint16_t>(1u << static_cast<unsigned>(k));
+    });
+    if (marks[i] != want)
+      return fail("piece " + to_string(i) + " is missing ops in the per-rank index");
+  }
+  return res;
+}
+
+} // namespace fasta2a
