@@ -174,16 +174,19 @@ struct plan {
 namespace detail {
 
 /// Calls f(rank, stage, op_kind) for every op the piece's route makes (sender and receiver side).
-template <class F>
+/// SG is the number of GPUs per server when known at compile time (0: read it from the plan),
+/// which turns the rank arithmetic into shifts on the planner's hot path.
+template <int SG = 0, class F>
 void for_each_op(const plan& p, const piece& pc, F&& f) {
+  const int G = SG > 0 ? SG : p.gpus_per_server;
   if (pc.src == pc.dst) {
     f(pc.src, std::size_t{0}, op_kind::self_copy);
   } else if (pc.rail < 0) {
-    const bool intra = p.server_of(pc.src) == p.server_of(pc.dst);
+    const bool intra = pc.src / G == pc.dst / G;
     f(pc.src, std::size_t{0}, intra ? op_kind::intra_send : op_kind::direct_send);
     f(pc.dst, std::size_t{0}, intra ? op_kind::intra_recv : op_kind::direct_recv);
   } else {
-    const rank_t a = p.rail_source(pc), b = p.rail_target(pc);
+    const rank_t a = pc.src / G * G + pc.rail, b = pc.dst / G * G + pc.rail;
     const std::size_t t = static_cast<std::size_t>(pc.stage);
     if (a != pc.src) {
       f(pc.src, t, op_kind::balance_send);
@@ -201,37 +204,45 @@ void for_each_op(const plan& p, const piece& pc, F&& f) {
 /// Fills the executor's view of a plan whose pieces are set: staging offsets (each rank's buffer
 /// holds the pieces balanced into it, then the pieces it receives for redistribution, in piece
 /// order) and the per-(rank, stage) op index. A counting sort: linear in the pieces.
-inline void build_index(plan& p) {
+template <int SG = 0>
+void build_index(plan& p) {
   const rank_t n = p.ranks();
+  const int G = SG > 0 ? SG : p.gpus_per_server;
   const std::size_t slots = p.op_stages();
   p.staging_bytes.assign(n, 0);
   p.op_offsets.assign(static_cast<std::size_t>(n) * slots + 1, 0);
+  std::uint32_t* count = p.op_offsets.data() + 1;
+  bytes_t* staging = p.staging_bytes.data();
   for (piece& pc : p.pieces) {
     if (pc.rail >= 0) {
-      const rank_t a = p.rail_source(pc);
+      const rank_t a = pc.src / G * G + pc.rail;
       pc.stage_out = no_staging;
       pc.stage_in = no_staging;
       if (a != pc.src) {
-        pc.stage_out = p.staging_bytes[a];
-        p.staging_bytes[a] += pc.bytes;
+        pc.stage_out = staging[a];
+        staging[a] += pc.bytes;
       }
     }
-    for_each_op(p, pc, [&](rank_t r, std::size_t t, op_kind) {
-      ++p.op_offsets[static_cast<std::size_t>(r) * slots + t + 1];
+    for_each_op<SG>(p, pc, [&](rank_t r, std::size_t t, op_kind) {
+      ++count[static_cast<std::size_t>(r) * slots + t];
     });
   }
   for (piece& pc : p.pieces)
-    if (pc.rail >= 0 && p.rail_target(pc) != pc.dst) {
-      const rank_t b = p.rail_target(pc);
-      pc.stage_in = p.staging_bytes[b];
-      p.staging_bytes[b] += pc.bytes;
+    if (pc.rail >= 0) {
+      const rank_t b = pc.dst / G * G + pc.rail;
+      if (b != pc.dst) {
+        pc.stage_in = staging[b];
+        staging[b] += pc.bytes;
+      }
     }
   for (std::size_t i = 1; i < p.op_offsets.size(); ++i) p.op_offsets[i] += p.op_offsets[i - 1];
   p.op_list.resize(p.op_offsets.back());
-  for (std::size_t i = 0; i < p.pieces.size(); ++i)
-    for_each_op(p, p.pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
-      p.op_list[p.op_offsets[static_cast<std::size_t>(r) * slots + t]++] =
-          rank_op{static_cast<std::uint32_t>(i), k};
+  std::uint32_t* cursor = p.op_offsets.data();
+  rank_op* ops = p.op_list.data();
+  const piece* pieces = p.pieces.data();
+  for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i)
+    for_each_op<SG>(p, pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
+      ops[cursor[static_cast<std::size_t>(r) * slots + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
     });
   // Every cursor now points at the start of the next bucket: shift back by one bucket.
   for (std::size_t i = p.op_offsets.size() - 1; i > 0; --i) p.op_offsets[i] = p.op_offsets[i - 1];

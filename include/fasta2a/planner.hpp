@@ -117,7 +117,7 @@ public:
         else emit_pair(t, p, s, d);
         check_size(p.pieces.size() * (sizeof(piece) + 6 * sizeof(rank_op)), "pieces");
       }
-    detail::build_index(p);
+    detail::build_index<static_gpus_v<Topo>>(p);
   }
 
 private:
@@ -274,23 +274,27 @@ private:
     }
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
     int spill = 0;
+    const bytes_t* weight = p.stage_weight.data();
+    std::size_t* cursor = cursor_.data();
+    bytes_t* used = used_.data();
     auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) {
+      if (bytes == 0) return;
       const int a = src - s * G, b = dst - d * G;
       p.scaleup_bytes += bytes * ((a != k) + (k != b));
       while (bytes > 0) {
-        if (cursor_[k] >= nstages)
+        if (cursor[k] >= nstages)
           throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
                       std::to_string(s) + ", " + std::to_string(d) + ") ran out of stages");
-        const std::int32_t st = stages[cursor_[k]];
-        const bytes_t room = p.stage_weight[st] - used_[k];
+        const std::int32_t st = stages[cursor[k]];
+        const bytes_t room = weight[st] - used[k];
         if (room == 0) {
-          ++cursor_[k];
-          used_[k] = 0;
+          ++cursor[k];
+          used[k] = 0;
           continue;
         }
         const bytes_t x = std::min(bytes, room);
         p.pieces.push_back(piece{src, dst, off, x, st, k, no_staging, no_staging});
-        used_[k] += x;
+        used[k] += x;
         off += x;
         bytes -= x;
       }
