@@ -6,6 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+/// Forces inlining of small hot lambdas on the planner's path (GCC and Clang).
+#if defined(__GNUC__) || defined(__clang__)
+#define FASTA2A_INLINE __attribute__((always_inline))
+#else
+#define FASTA2A_INLINE
+#endif
+
 namespace fasta2a {
 
 /// Byte counts and offsets. Always 64-bit unsigned: MoE messages reach gigabytes and sums of them

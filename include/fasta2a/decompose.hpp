@@ -25,6 +25,9 @@ struct stage_list {
   std::vector<bytes_t> weights;
   std::vector<std::int32_t> perms; ///< stages x servers
   std::size_t max_bytes = ~std::size_t{0}; ///< storage limit; `add` throws plan_too_large past it
+  /// Bytes each stage will cost the plan beyond its own weight and permutation (the planner's
+  /// per-rank op index), so that an oversized plan is refused while it is being decomposed.
+  std::size_t extra_bytes_per_stage = 0;
 
   void reset(int s) {
     servers = s;
@@ -36,7 +39,8 @@ struct stage_list {
     return {perms.data() + t * servers, static_cast<std::size_t>(servers)};
   }
   void add(bytes_t w, std::span<const std::int32_t> p) {
-    if ((size() + 1) * (servers * sizeof(std::int32_t) + sizeof(bytes_t)) > max_bytes)
+    if ((size() + 1) * (servers * sizeof(std::int32_t) + sizeof(bytes_t) + extra_bytes_per_stage) >
+        max_bytes)
       throw plan_too_large("plan exceeds its size limit of " + std::to_string(max_bytes) +
                            " bytes after " + std::to_string(size()) + " stages of " +
                            std::to_string(servers) + " servers (raise plan_options::max_plan_bytes "

@@ -201,52 +201,79 @@ void for_each_op(const plan& p, const piece& pc, F&& f) {
   }
 }
 
-/// Fills the executor's view of a plan whose pieces are set: staging offsets (each rank's buffer
-/// holds the pieces balanced into it, then the pieces it receives for redistribution, in piece
-/// order) and the per-(rank, stage) op index. A counting sort: linear in the pieces.
+/// Building the executor's view of a plan (staging offsets and the per-(rank, stage) op index)
+/// piece by piece, so that the planner can do it while it makes each piece, in one pass. Each
+/// rank's staging buffer holds the pieces balanced into it (in piece order), then the pieces it
+/// receives for redistribution. The op index is a counting sort: linear in the pieces.
 template <int SG = 0>
-void build_index(plan& p) {
-  const rank_t n = p.ranks();
-  const int G = SG > 0 ? SG : p.gpus_per_server;
-  const std::size_t slots = p.op_stages();
-  p.staging_bytes.assign(n, 0);
-  p.op_offsets.assign(static_cast<std::size_t>(n) * slots + 1, 0);
-  std::uint32_t* count = p.op_offsets.data() + 1;
-  bytes_t* staging = p.staging_bytes.data();
-  for (piece& pc : p.pieces) {
+class index_builder {
+public:
+  /// Starts the index of p, whose stages are final.
+  void begin(plan& p) {
+    p_ = &p;
+    G_ = SG > 0 ? SG : p.gpus_per_server;
+    slots_ = p.op_stages();
+    p.staging_bytes.assign(p.ranks(), 0);
+    in_.assign(p.ranks(), 0);
+    p.op_offsets.assign(static_cast<std::size_t>(p.ranks()) * slots_ + 1, 0);
+  }
+  /// Gives piece pc (about to be, or already, stored in p.pieces) its staging slots and counts
+  /// its ops. The receiving slot is relative until `finish`.
+  FASTA2A_INLINE void add(piece& pc) {
+    std::uint32_t* count = p_->op_offsets.data() + 1;
+    pc.stage_out = no_staging;
+    pc.stage_in = no_staging;
     if (pc.rail >= 0) {
-      const rank_t a = pc.src / G * G + pc.rail;
-      pc.stage_out = no_staging;
-      pc.stage_in = no_staging;
+      const rank_t a = pc.src / G_ * G_ + pc.rail, b = pc.dst / G_ * G_ + pc.rail;
       if (a != pc.src) {
-        pc.stage_out = staging[a];
-        staging[a] += pc.bytes;
+        pc.stage_out = p_->staging_bytes[a];
+        p_->staging_bytes[a] += pc.bytes;
+      }
+      if (b != pc.dst) {
+        pc.stage_in = in_[b];
+        in_[b] += pc.bytes;
       }
     }
-    for_each_op<SG>(p, pc, [&](rank_t r, std::size_t t, op_kind) {
-      ++count[static_cast<std::size_t>(r) * slots + t];
+    for_each_op<SG>(*p_, pc, [&](rank_t r, std::size_t t, op_kind) {
+      ++count[static_cast<std::size_t>(r) * slots_ + t];
     });
   }
-  for (piece& pc : p.pieces)
-    if (pc.rail >= 0) {
-      const rank_t b = pc.dst / G * G + pc.rail;
-      if (b != pc.dst) {
-        pc.stage_in = staging[b];
-        staging[b] += pc.bytes;
-      }
+  /// Places every receiving slot after its rank's balance region and fills the op index.
+  void finish() {
+    plan& p = *p_;
+    for (std::size_t i = 1; i < p.op_offsets.size(); ++i) p.op_offsets[i] += p.op_offsets[i - 1];
+    p.op_list.resize(p.op_offsets.back());
+    std::uint32_t* cursor = p.op_offsets.data();
+    rank_op* ops = p.op_list.data();
+    piece* pieces = p.pieces.data();
+    const bytes_t* out = p.staging_bytes.data();
+    for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i) {
+      piece& pc = pieces[i];
+      if (pc.stage_in != no_staging) pc.stage_in += out[pc.dst / G_ * G_ + pc.rail];
+      for_each_op<SG>(p, pc, [&](rank_t r, std::size_t t, op_kind k) {
+        ops[cursor[static_cast<std::size_t>(r) * slots_ + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
+      });
     }
-  for (std::size_t i = 1; i < p.op_offsets.size(); ++i) p.op_offsets[i] += p.op_offsets[i - 1];
-  p.op_list.resize(p.op_offsets.back());
-  std::uint32_t* cursor = p.op_offsets.data();
-  rank_op* ops = p.op_list.data();
-  const piece* pieces = p.pieces.data();
-  for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i)
-    for_each_op<SG>(p, pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
-      ops[cursor[static_cast<std::size_t>(r) * slots + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
-    });
-  // Every cursor now points at the start of the next bucket: shift back by one bucket.
-  for (std::size_t i = p.op_offsets.size() - 1; i > 0; --i) p.op_offsets[i] = p.op_offsets[i - 1];
-  p.op_offsets[0] = 0;
+    // Every cursor now points at the start of the next bucket: shift back by one bucket.
+    for (std::size_t i = p.op_offsets.size() - 1; i > 0; --i) p.op_offsets[i] = p.op_offsets[i - 1];
+    p.op_offsets[0] = 0;
+    for (std::size_t r = 0; r < p.staging_bytes.size(); ++r) p.staging_bytes[r] += in_[r];
+  }
+
+private:
+  plan* p_ = nullptr;
+  int G_ = 1;
+  std::size_t slots_ = 1;
+  std::vector<bytes_t> in_;
+};
+
+/// Fills the executor's view of a plan whose pieces are set (see index_builder).
+template <int SG = 0>
+void build_index(plan& p) {
+  index_builder<SG> ib;
+  ib.begin(p);
+  for (piece& pc : p.pieces) ib.add(pc);
+  ib.finish();
 }
 
 } // namespace detail

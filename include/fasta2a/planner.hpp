@@ -98,6 +98,7 @@ public:
     p.rail_load = max_line_sum(m_);
 
     stages_.max_bytes = opt_.max_plan_bytes;
+    stages_.extra_bytes_per_stage = static_cast<std::size_t>(n) * sizeof(std::uint32_t) + S * 4;
     dec_.decompose(m_, stages_);
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
     p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
@@ -106,6 +107,7 @@ public:
     check_size(T * (S * 4 + 8) + op_slots * 4 + 2 * static_cast<std::size_t>(n) * n * 4,
                "stages and index");
     index_pair_stages(p);
+    index_.begin(p);
 
     // Phase 1 and the pieces, one server pair at a time.
     p.pieces.clear();
@@ -117,7 +119,7 @@ public:
         else emit_pair(t, p, s, d);
         check_size(p.pieces.size() * (sizeof(piece) + 6 * sizeof(rank_op)), "pieces");
       }
-    detail::build_index<static_gpus_v<Topo>>(p);
+    index_.finish();
   }
 
 private:
@@ -203,7 +205,9 @@ private:
         bytes_t v = at(t, src, dst);
         open_message(p, src, dst);
         if (v > 0) {
-          p.pieces.push_back(piece{src, dst, 0, v, 0, -1, no_staging, no_staging});
+          piece pc{src, dst, 0, v, 0, -1, no_staging, no_staging};
+          index_.add(pc);
+          p.pieces.push_back(pc);
           if (s == d && a != b) p.scaleup_bytes += v;
         }
         close_message(p, src, dst);
@@ -277,7 +281,7 @@ private:
     const bytes_t* weight = p.stage_weight.data();
     std::size_t* cursor = cursor_.data();
     bytes_t* used = used_.data();
-    auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) {
+    auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) FASTA2A_INLINE {
       if (bytes == 0) return;
       const int a = src - s * G, b = dst - d * G;
       p.scaleup_bytes += bytes * ((a != k) + (k != b));
@@ -293,7 +297,9 @@ private:
           continue;
         }
         const bytes_t x = std::min(bytes, room);
-        p.pieces.push_back(piece{src, dst, off, x, st, k, no_staging, no_staging});
+        piece pc{src, dst, off, x, st, k, no_staging, no_staging};
+        index_.add(pc);
+        p.pieces.push_back(pc);
         used[k] += x;
         off += x;
         bytes -= x;
@@ -393,6 +399,7 @@ private:
   std::vector<bytes_t> cap_, res_, y_, used_;
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;
+  detail::index_builder<static_gpus_v<Topo>> index_;
 };
 
 /// Plans traffic matrix t on topology topo with decomposer D (exact Birkhoff by default).

@@ -1,0 +1,101 @@
+// Synthesis time of complete FAST plans (Google Benchmark): from the traffic matrix to a verified-
+// shape, executable plan, with the planner object reused across calls as a runtime would.
+#include <benchmark/benchmark.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fasta2a/planner.hpp"
+
+using namespace fasta2a;
+
+namespace {
+
+const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
+
+const std::vector<traffic_matrix>& megatron_trace() {
+  static const std::vector<traffic_matrix> trace =
+      std::filesystem::exists(megatron) ? read_trace(megatron, 32, 8192) : std::vector<traffic_matrix>{};
+  return trace;
+}
+
+// The Megatron trace at S x 8 GPUs: the 32 x 32 matrices tiled as blocks, block (i, j) taken from
+// a different iteration so that the tiles are not copies of one another.
+traffic_matrix megatron_tiled(int servers, std::size_t first) {
+  const auto& trace = megatron_trace();
+  const rank_t n = servers * 8;
+  traffic_matrix t(n, n);
+  const int blocks = (n + 31) / 32;
+  for (int bi = 0; bi < blocks; ++bi)
+    for (int bj = 0; bj < blocks; ++bj) {
+      const auto& m = trace[(first + static_cast<std::size_t>(bi) * blocks + bj) % trace.size()];
+      for (int i = 0; i < 32 && bi * 32 + i < n; ++i)
+        for (int j = 0; j < 32 && bj * 32 + j < n; ++j) t(bi * 32 + i, bj * 32 + j) = m(i, j);
+    }
+  return t;
+}
+
+void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int servers, bytes_t granule) {
+  planner<fixed_topology<8>> pl(h200_cluster(servers), {.granule = granule});
+  plan p;
+  std::size_t i = 0, stages = 0, plans = 0, memory = 0;
+  try {
+    pl.make_into(inputs[0], p); // warm the planner's and the plan's storage
+    for (auto _ : state) {
+      pl.make_into(inputs[i], p);
+      benchmark::DoNotOptimize(p.pieces.data());
+      stages += p.stages();
+      memory = std::max(memory, p.memory_bytes());
+      ++plans;
+      i = (i + 1) % inputs.size();
+    }
+  } catch (const plan_too_large& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  state.counters["stages"] = static_cast<double>(stages) / std::max<std::size_t>(plans, 1);
+  state.counters["plan_MB"] = static_cast<double>(memory) / 1e6;
+  state.counters["ranks"] = servers * 8;
+}
+
+void BM_synthesis_megatron(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  if (megatron_trace().empty()) {
+    state.SkipWithError(("trace not found: " + megatron).c_str());
+    return;
+  }
+  std::vector<traffic_matrix> inputs;
+  // 4 x 8 is the trace itself, every matrix in turn; larger clusters tile it.
+  const std::size_t count = servers == 4 ? 600 : (servers <= 40 ? 16 : 2);
+  for (std::size_t k = 0; k < count; ++k)
+    inputs.push_back(servers == 4 ? megatron_trace()[k] : megatron_tiled(servers, k * 7));
+  run(state, std::move(inputs), servers, 8192);
+}
+
+void BM_synthesis_zipf(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  std::vector<traffic_matrix> inputs;
+  const int count = servers <= 40 ? 16 : 2;
+  for (int k = 0; k < count; ++k)
+    inputs.push_back(zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 1000 + k, 8192));
+  run(state, std::move(inputs), servers, 8192);
+}
+
+void scales(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
+  b->Arg(4)->Arg(8)->Arg(40);
+}
+void big_scales(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMillisecond)->Iterations(2)->Repetitions(3)->ReportAggregatesOnly(true);
+  b->Arg(128)->Arg(512);
+}
+
+} // namespace
+
+BENCHMARK(BM_synthesis_megatron)->Apply(scales);
+BENCHMARK(BM_synthesis_zipf)->Apply(scales);
+BENCHMARK(BM_synthesis_megatron)->Apply(big_scales);
+BENCHMARK(BM_synthesis_zipf)->Apply(big_scales);
+
+BENCHMARK_MAIN();
