@@ -82,6 +82,32 @@ void BM_synthesis_zipf(benchmark::State& state) {
   run(state, std::move(inputs), servers, 8192);
 }
 
+// Phase 2 alone (exact Birkhoff on the server matrix), where the whole plan is too large to build:
+// how many stages exact decomposition needs and what it costs.
+void BM_decompose_birkhoff(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  const bool zipf = state.range(1) != 0;
+  if (!zipf && megatron_trace().empty()) {
+    state.SkipWithError(("trace not found: " + megatron).c_str());
+    return;
+  }
+  const traffic_matrix t =
+      zipf ? zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 1000, 8192) : megatron_tiled(servers, 0);
+  server_matrix m = server_matrix::Zero(servers, servers);
+  for (int s = 0; s < servers; ++s)
+    for (int d = 0; d < servers; ++d)
+      if (s != d) m(s, d) = per_rail_bytes(t.block(s * 8, d * 8, 8, 8).sum(), 8, 8192);
+  birkhoff_decomposer dec;
+  stage_list out;
+  for (auto _ : state) {
+    dec.decompose(m, out);
+    benchmark::DoNotOptimize(out.weights.data());
+  }
+  state.counters["stages"] = static_cast<double>(out.size());
+  state.counters["ranks"] = servers * 8;
+  state.SetLabel(zipf ? "zipf" : "megatron");
+}
+
 void scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
   b->Arg(4)->Arg(8)->Arg(40);
@@ -97,5 +123,9 @@ BENCHMARK(BM_synthesis_megatron)->Apply(scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(scales);
 BENCHMARK(BM_synthesis_megatron)->Apply(big_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(big_scales);
+
+BENCHMARK(BM_decompose_birkhoff)
+    ->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(3)->ReportAggregatesOnly(true)
+    ->Args({128, 0})->Args({128, 1})->Args({512, 0})->Args({512, 1});
 
 BENCHMARK_MAIN();

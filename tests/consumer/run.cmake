@@ -1,0 +1,23 @@
+# ctest driver: install fasta2a from the build tree into a scratch prefix, then configure, build
+# and run the consumer project against it (find_package), and again through add_subdirectory.
+# Inputs: -DBUILD_DIR=<fasta2a build> -DSOURCE_DIR=<fasta2a source> -DWORK=<scratch dir>
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK}/prefix")
+foreach(mode IN ITEMS package subdirectory)
+  if(mode STREQUAL "package")
+    set(extra "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
+  else()
+    set(extra "-DFASTA2A_SOURCE_DIR=${SOURCE_DIR}")
+  endif()
+  step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK}/${mode}" ${extra})
+  step(${CMAKE_COMMAND} --build "${WORK}/${mode}")
+  step("${WORK}/${mode}/consumer")
+endforeach()

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds fasta2a and runs its whole test suite (the README's test command; .ci/run runs this).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash cmake/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j2
+ctest --test-dir build -j2 --output-on-failure
