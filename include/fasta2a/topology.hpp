@@ -63,61 +63,57 @@ inline void check_links(const link_model& l) {
   if (!(l.scaleup_bandwidth > 0) || !(l.scaleout_bandwidth > 0))
     throw error("topology bandwidths must be positive");
 }
+/// What both topology templates share: the server count and the link figures, checked once.
+class topology_base {
+public:
+  int servers() const noexcept { return servers_; }
+  scaleup_kind scaleup() const noexcept { return links_.kind; }
+  double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
+  double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
+  const link_model& links() const noexcept { return links_; }
+
+protected:
+  topology_base(int servers, int gpus, const link_model& links) : servers_(servers), links_(links) {
+    check_shape(servers, gpus);
+    check_links(links);
+  }
+  int servers_;
+  link_model links_;
+};
+
 } // namespace detail
 
 /// A two-tier topology whose sizes are chosen at run time.
-class two_tier_topology {
+class two_tier_topology : public detail::topology_base {
 public:
   /// Throws fasta2a::error if servers < 1, gpus_per_server < 1 or a bandwidth is not positive.
   two_tier_topology(int servers, int gpus_per_server, link_model links = h200_links)
-      : servers_(servers), gpus_(gpus_per_server), links_(links) {
-    detail::check_shape(servers, gpus_per_server);
-    detail::check_links(links);
-  }
-  int servers() const noexcept { return servers_; }
+      : topology_base(servers, gpus_per_server, links), gpus_(gpus_per_server) {}
   int gpus_per_server() const noexcept { return gpus_; }
   rank_t ranks() const noexcept { return servers_ * gpus_; }
   int server_of(rank_t r) const noexcept { return r / gpus_; }
   int local_of(rank_t r) const noexcept { return r % gpus_; }
   rank_t rank_of(int s, int k) const noexcept { return s * gpus_ + k; }
-  scaleup_kind scaleup() const noexcept { return links_.kind; }
-  double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
-  double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
-  const link_model& links() const noexcept { return links_; }
 
 private:
-  int servers_;
   int gpus_;
-  link_model links_;
 };
 
 /// A two-tier topology with G GPUs per server fixed at compile time: the planner's per-server loops
 /// and scratch arrays are then sized by a constant, so they unroll and live on the stack.
 template <int G>
-class fixed_topology {
+class fixed_topology : public detail::topology_base {
   static_assert(G >= 1, "fixed_topology needs at least one GPU per server");
 
 public:
   static constexpr int static_gpus = G;
   explicit fixed_topology(int servers, link_model links = h200_links)
-      : servers_(servers), links_(links) {
-    detail::check_shape(servers, G);
-    detail::check_links(links);
-  }
-  int servers() const noexcept { return servers_; }
+      : topology_base(servers, G, links) {}
   static constexpr int gpus_per_server() noexcept { return G; }
   rank_t ranks() const noexcept { return servers_ * G; }
   static constexpr int server_of(rank_t r) noexcept { return r / G; }
   static constexpr int local_of(rank_t r) noexcept { return r % G; }
   static constexpr rank_t rank_of(int s, int k) noexcept { return s * G + k; }
-  scaleup_kind scaleup() const noexcept { return links_.kind; }
-  double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
-  double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
-  const link_model& links() const noexcept { return links_; }
-
-private:
-  int servers_;
-  link_model links_;
 };
 
 /// S servers of 8 H200 GPUs on NVSwitch.
