@@ -61,7 +61,9 @@ struct timeline_block {
   enum lane_kind : unsigned char { nic, scaleup } lane;
   rank_t rank;
   double start_s, end_s;
-  std::int32_t stage; ///< rail stage, or -1 for intra-server and direct traffic
+  /// NIC blocks: the rail stage. Scale-up blocks: the pipeline step (step j holds stage j's
+  /// balance and stage j-2's redistribution). -1 for intra-server and direct traffic.
+  std::int32_t stage;
 };
 
 /// What the model predicts for a plan.

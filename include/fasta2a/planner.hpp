@@ -208,7 +208,8 @@ private:
           piece pc{src, dst, 0, v, 0, -1, no_staging, no_staging};
           index_.add(pc);
           p.pieces.push_back(pc);
-          if (s == d && a != b) p.scaleup_bytes += v;
+          if (s == d && a != b)
+            p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, v, "the plan's scale-up bytes");
         }
         close_message(p, src, dst);
       }
@@ -284,7 +285,10 @@ private:
     auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) FASTA2A_INLINE {
       if (bytes == 0) return;
       const int a = src - s * G, b = dst - d * G;
-      p.scaleup_bytes += bytes * ((a != k) + (k != b));
+      // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not.
+      const int hops = (a != k) + (k != b);
+      for (int h = 0; h < hops; ++h)
+        p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
       while (bytes > 0) {
         if (cursor[k] >= nstages)
           throw error("internal error: rail " + std::to_string(k) + " of server pair (" +

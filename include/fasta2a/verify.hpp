@@ -38,6 +38,7 @@ struct verify_options {
 ///   loads differ by at most one granule (phase 1 balance);
 /// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
 /// - staging regions lie inside each rank's staging size and never overlap;
+/// - the plan's scale-up byte count is what its routes move;
 /// - the per-rank op index lists every hop of every piece exactly once, at the right rank and stage.
 inline verify_result verify(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
   verify_result res;
@@ -130,6 +131,20 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
     }
   for (std::size_t i = 0; i < owned.size(); ++i)
     if (!owned[i]) return fail("piece " + to_string(i) + " belongs to no message");
+
+  // The plan's scale-up figure is what its routes move (intra, balance, redistribute hops).
+  {
+    bytes_t up = 0;
+    for (const piece& pc : p.pieces)
+      for (const hop& h : p.route_of(pc))
+        if ((h.kind == hop_kind::intra || h.kind == hop_kind::balance ||
+             h.kind == hop_kind::redistribute) &&
+            __builtin_add_overflow(up, pc.bytes, &up))
+          return fail("the plan's scale-up bytes overflow 64 bits");
+    if (up != p.scaleup_bytes)
+      return fail("the plan says it moves " + to_string(p.scaleup_bytes) +
+                  " bytes over scale-up, its routes move " + to_string(up));
+  }
 
   // Rail loads within stage weights; rail loads of a server pair balanced to one granule.
   auto by_key = [](const load& x, const load& y) { return x.key < y.key; };

@@ -1,0 +1,649 @@
+// fasta2a: the command-line planner. `fasta2a plan` plans traffic matrices (a recorded trace or a
+// synthetic generator), verifies every plan, and compares the FAST plan with the spread-out and
+// direct baselines in the alpha-beta cost model. Times other than synthesis are model predictions.
+#include <fasta2a/common.hpp>
+#include <fasta2a/cost_model.hpp>
+#include <fasta2a/decompose.hpp>
+#include <fasta2a/json.hpp>
+#include <fasta2a/plan.hpp>
+#include <fasta2a/planner.hpp>
+#include <fasta2a/svg.hpp>
+#include <fasta2a/topology.hpp>
+#include <fasta2a/traffic.hpp>
+#include <fasta2a/verify.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <new>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <variant>
+#include <vector>
+
+namespace {
+
+namespace fa = fasta2a;
+using fa::bytes_t;
+using fa::rank_t;
+
+constexpr const char* general_usage =
+    "usage: fasta2a plan [options]     plan all-to-allv traffic with FAST (see fasta2a plan --help)\n"
+    "       fasta2a --help             this text\n";
+
+constexpr const char* plan_usage = R"(usage: fasta2a plan --servers S --gpus G INPUT [options]
+
+Plans all-to-allv traffic matrices with FAST, verifies every plan, and compares it with the
+spread-out and direct baselines. One table row per matrix. LB, FAST, spread-out and direct are
+predictions of the alpha-beta MODEL (bytes / bandwidth + alpha per stage), not measurements;
+synth is the measured wall time of planning (median of --repeat runs).
+
+Topology:
+  --servers S             servers (required, at least 1)
+  --gpus G                GPUs per server, one 50 GB/s NIC each (required, at least 1)
+  --scaleup switch|mesh   switch: H200 NVSwitch, 450 GB/s per GPU port (default);
+                          mesh: MI300X xGMI, 64 GB/s per GPU pair
+Planning:
+  --decomposer NAME       how the FAST plan is staged: birkhoff (default), spread-out, direct
+  --granule BYTES         rail loads balanced to, and messages split on, this size; generated
+                          matrices are made of it too (default 1)
+  --alpha US              model cost of one stage's synchronisation, microseconds (default 10)
+  --max-plan-bytes B      refuse to build a plan larger than B bytes (default 2GiB)
+  --repeat N              synthesis time = median of N plannings of one matrix (default 5)
+Input, exactly one of:
+  --matrix FILE           trace of whitespace-separated counts, (S*G) x (S*G) per matrix
+      --index K           plan matrix K of the trace, from 0 (default 0)
+      --all               plan every matrix of the trace; a summary line follows the table
+      --unit BYTES        bytes per count, e.g. 8192 for a bf16 token of hidden size 4096 (default 1)
+  --uniform               every rank sends the same to every rank
+  --zipf S                destinations drawn with Zipf(S) popularity
+  --hotspot K             K hot ranks receive --hot-share F of every rank's bytes (default 0.5)
+  --lognormal SIGMA       per-rank load log-normal with parameter SIGMA
+      --bytes-per-rank B  bytes each rank sends (default 64MiB)
+      --seed N            generator seed (default 1)
+Output files (the plan and timeline of the first planned matrix):
+  --json FILE             the FAST plan, format fasta2a.plan.v1
+  --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
+                          stages, scaleup_bytes, staging_bytes (largest per-rank staging buffer),
+                          lower_bound_s, predicted_s, predicted_spreadout_s, predicted_direct_s,
+                          synthesis_us
+  --svg FILE              the model's timeline, FAST above direct sending
+
+Sizes take the suffixes K, M, G (or KiB, MiB, GiB): powers of 1024. Options take their value as
+the next argument or after '=' (--servers=4).
+Exit status: 0 done; 1 a plan failed verification (a bug in fasta2a); 2 bad input or plan too large.
+)";
+
+/// A plan that failed the verifier: a bug in the library, reported apart from bad input.
+struct verification_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// printf into a std::string: the table and the report need fixed-width numbers, and g++ 12 has
+/// no <format>.
+[[gnu::format(printf, 1, 2)]] std::string strf(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  char buf[512];
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return n < 0 ? std::string()
+               : std::string(buf, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+enum class input_kind { none, matrix, uniform, zipf, hotspot, lognormal };
+
+struct options {
+  int servers = 0;
+  int gpus = 0;
+  fa::link_model links = fa::h200_links;
+  std::string decomposer = "birkhoff";
+  bytes_t granule = 1;
+  double alpha_us = 10;
+  std::size_t max_plan_bytes = fa::plan_options{}.max_plan_bytes;
+  unsigned repeat = 5;
+
+  input_kind input = input_kind::none;
+  std::string input_flag; // as given, for messages
+  std::string matrix_path;
+  std::size_t index = 0;
+  bool all = false;
+  bytes_t unit = 1;
+  double zipf_s = 0;
+  rank_t hot = 0;
+  double hot_share = 0.5;
+  double sigma = 0;
+  bytes_t bytes_per_rank = bytes_t{64} << 20;
+  std::uint64_t seed = 1;
+
+  std::string json_path, report_path, svg_path;
+};
+
+/// A non-negative decimal integer that fits in `max`, or an error naming the option.
+std::uint64_t parse_uint(std::string_view flag, std::string_view text, std::uint64_t max) {
+  if (text.empty() || text.front() == '-' || text.front() == '+')
+    throw fa::error(std::string(flag) + " expects a non-negative integer, got '" + std::string(text) + "'" +
+                    (text.starts_with('-') ? " (negative)" : ""));
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range ||
+      (ec == std::errc() && end == text.data() + text.size() && v > max))
+    throw fa::error(std::string(flag) + " value '" + std::string(text) + "' is too large (at most " +
+                    std::to_string(max) + ")");
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw fa::error(std::string(flag) + " expects a non-negative integer, got '" + std::string(text) + "'");
+  return v;
+}
+
+/// A byte count: an integer with an optional K/M/G or KiB/MiB/GiB suffix (powers of 1024). The
+/// product is checked, so a size past 64 bits is an error, never a wrapped value.
+bytes_t parse_size(std::string_view flag, std::string_view text) {
+  static constexpr std::pair<std::string_view, unsigned> suffixes[] = {{"KiB", 10}, {"MiB", 20}, {"GiB", 30},
+                                                                       {"K", 10},   {"M", 20},   {"G", 30}};
+  unsigned shift = 0;
+  std::string_view digits = text;
+  for (const auto& [suffix, s] : suffixes)
+    if (text.size() > suffix.size() && text.ends_with(suffix)) {
+      digits = text.substr(0, text.size() - suffix.size());
+      shift = s;
+      break;
+    }
+  const bytes_t v = parse_uint(flag, digits, std::numeric_limits<bytes_t>::max());
+  if (shift > 0 && v > (std::numeric_limits<bytes_t>::max() >> shift))
+    throw fa::error(std::string(flag) + " value '" + std::string(text) +
+                    "' is too large: it overflows 64 bits");
+  return v << shift;
+}
+
+/// A finite, non-negative decimal number.
+double parse_real(std::string_view flag, std::string_view text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+    throw fa::error(std::string(flag) + " expects a non-negative number, got '" + std::string(text) + "'");
+  if (v < 0)
+    throw fa::error(std::string(flag) + " expects a non-negative number, got '" + std::string(text) +
+                    "' (negative)");
+  return v;
+}
+
+int parse_positive_int(std::string_view flag, std::string_view text) {
+  const auto v = parse_uint(flag, text, static_cast<std::uint64_t>(std::numeric_limits<int>::max()));
+  if (v == 0) throw fa::error(std::string(flag) + " must be at least 1, got 0");
+  return static_cast<int>(v);
+}
+
+/// Parses the arguments of `fasta2a plan`. Returns nothing when help was asked for.
+std::optional<options> parse_plan_options(const std::vector<std::string_view>& args) {
+  options o;
+  std::set<std::string, std::less<>> given;
+  bool have_index = false, have_unit = false, have_share = false, have_bytes = false, have_seed = false;
+  const auto set_input = [&](input_kind k, std::string_view flag) {
+    if (o.input != input_kind::none)
+      throw fa::error("two inputs given (" + o.input_flag + " and " + std::string(flag) +
+                      "): give exactly one of --matrix, --uniform, --zipf, --hotspot, --lognormal");
+    o.input = k;
+    o.input_flag = std::string(flag);
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view arg = args[i];
+    if (arg == "--help" || arg == "-h") return std::nullopt;
+    if (!arg.starts_with("--"))
+      throw fa::error("unexpected argument '" + std::string(arg) +
+                      "' (options start with --; see fasta2a plan --help)");
+    std::string_view flag = arg;
+    std::optional<std::string_view> inline_value;
+    if (const auto eq = arg.find('='); eq != std::string_view::npos) {
+      flag = arg.substr(0, eq);
+      inline_value = arg.substr(eq + 1);
+    }
+    // A value is the rest after '=' or the next argument; an option in its place means the value
+    // was forgotten, which says more than "'--gpus' is not a number".
+    const auto value = [&]() -> std::string_view {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size() || args[i + 1].starts_with("--"))
+        throw fa::error("option " + std::string(flag) + " needs a value");
+      return args[++i];
+    };
+    const auto no_value = [&] {
+      if (inline_value) throw fa::error("option " + std::string(flag) + " takes no value");
+    };
+    if (!given.insert(std::string(flag)).second)
+      throw fa::error("option " + std::string(flag) + " given more than once");
+
+    if (flag == "--servers") o.servers = parse_positive_int(flag, value());
+    else if (flag == "--gpus") o.gpus = parse_positive_int(flag, value());
+    else if (flag == "--scaleup") {
+      const std::string_view v = value();
+      if (v == "switch") o.links = fa::h200_links;
+      else if (v == "mesh") o.links = fa::mi300x_links;
+      else throw fa::error("--scaleup expects switch or mesh, got '" + std::string(v) + "'");
+    } else if (flag == "--decomposer") {
+      const std::string_view v = value();
+      if (v != "birkhoff" && v != "spread-out" && v != "direct")
+        throw fa::error("--decomposer expects birkhoff, spread-out or direct, got '" + std::string(v) + "'");
+      o.decomposer = std::string(v);
+    } else if (flag == "--granule") {
+      o.granule = parse_size(flag, value());
+      if (o.granule == 0) throw fa::error("--granule must be at least 1 byte, got 0");
+    } else if (flag == "--alpha") o.alpha_us = parse_real(flag, value());
+    else if (flag == "--max-plan-bytes") {
+      const bytes_t b = parse_size(flag, value());
+      o.max_plan_bytes =
+          static_cast<std::size_t>(std::min<bytes_t>(b, std::numeric_limits<std::size_t>::max()));
+    } else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
+    else if (flag == "--matrix") {
+      set_input(input_kind::matrix, flag);
+      o.matrix_path = std::string(value());
+    } else if (flag == "--index") {
+      o.index = parse_uint(flag, value(), std::numeric_limits<std::size_t>::max());
+      have_index = true;
+    } else if (flag == "--all") {
+      no_value();
+      o.all = true;
+    } else if (flag == "--unit") {
+      o.unit = parse_size(flag, value());
+      if (o.unit == 0) throw fa::error("--unit must be at least 1 byte per count, got 0");
+      have_unit = true;
+    } else if (flag == "--uniform") {
+      no_value();
+      set_input(input_kind::uniform, flag);
+    } else if (flag == "--zipf") {
+      set_input(input_kind::zipf, flag);
+      o.zipf_s = parse_real(flag, value());
+    } else if (flag == "--hotspot") {
+      set_input(input_kind::hotspot, flag);
+      o.hot = parse_positive_int(flag, value());
+    } else if (flag == "--hot-share") {
+      const std::string_view v = value();
+      o.hot_share = parse_real(flag, v);
+      if (o.hot_share > 1) throw fa::error("--hot-share must be in [0, 1], got " + std::string(v));
+      have_share = true;
+    } else if (flag == "--lognormal") {
+      set_input(input_kind::lognormal, flag);
+      o.sigma = parse_real(flag, value());
+    } else if (flag == "--bytes-per-rank") {
+      o.bytes_per_rank = parse_size(flag, value());
+      have_bytes = true;
+    } else if (flag == "--seed") {
+      o.seed = parse_uint(flag, value(), std::numeric_limits<std::uint64_t>::max());
+      have_seed = true;
+    } else if (flag == "--json") o.json_path = std::string(value());
+    else if (flag == "--report") o.report_path = std::string(value());
+    else if (flag == "--svg") o.svg_path = std::string(value());
+    else throw fa::error("unknown option '" + std::string(flag) + "' (see fasta2a plan --help)");
+  }
+
+  // Options that only mean something with another one are errors alone: silently ignoring
+  // `--unit 8192` on a generator would print a plan of other traffic than the user asked for.
+  if (o.servers == 0) throw fa::error("--servers S is required (servers, at least 1)");
+  if (o.gpus == 0) throw fa::error("--gpus G is required (GPUs per server, at least 1)");
+  if (o.input == input_kind::none)
+    throw fa::error(
+        "no input: give --matrix FILE or one of --uniform, --zipf S, --hotspot K, --lognormal SIGMA");
+  const bool trace = o.input == input_kind::matrix;
+  if (!trace && (have_index || have_unit || o.all))
+    throw fa::error(std::string(have_index  ? "--index"
+                                : have_unit ? "--unit"
+                                            : "--all") +
+                    " applies to --matrix only, not to " + o.input_flag);
+  if (trace && (have_bytes || have_seed))
+    throw fa::error(std::string(have_bytes ? "--bytes-per-rank" : "--seed") +
+                    " applies to the generators only, not to --matrix");
+  if (have_share && o.input != input_kind::hotspot) throw fa::error("--hot-share applies to --hotspot only");
+  if (o.all && have_index) throw fa::error("--all and --index cannot be combined: --all plans every matrix");
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+// ---------------------------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+/// Plans t `repeat` times with one planner into one plan, as a runtime would every iteration
+/// (storage reused), and returns the median wall time in microseconds.
+template <class Planner>
+double timed_make(Planner& planner, const fa::traffic_matrix& t, fa::plan& out, unsigned repeat) {
+  std::vector<double> us;
+  us.reserve(repeat);
+  for (unsigned r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    planner.make_into(t, out);
+    const auto stop = std::chrono::steady_clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  return median(std::move(us));
+}
+
+/// Runs the independent verifier; exact decomposers must also meet the lower bound exactly.
+template <fa::Decomposer D>
+void check_plan(const fa::plan& p, const fa::traffic_matrix& t, const char* which) {
+  const fa::verify_result r = fa::verify(p, t, fa::verify_options{.exact_lower_bound = D::exact});
+  if (!r) throw verification_failure(std::string("the ") + which + " plan fails verification: " + r.error);
+}
+
+/// The decomposer a planner type was built with.
+template <class Planner> struct decomposer_of;
+template <class Topo, class D> struct decomposer_of<fa::planner<Topo, D>> { using type = D; };
+
+/// The FAST planner with the decomposer chosen on the command line.
+template <fa::Topology Topo>
+using fast_planner =
+    std::variant<fa::planner<Topo, fa::birkhoff_decomposer>, fa::planner<Topo, fa::spread_out_decomposer>,
+                 fa::planner<Topo, fa::direct_decomposer>>;
+
+template <fa::Topology Topo>
+fast_planner<Topo> make_fast_planner(const std::string& name, const Topo& topo, fa::plan_options opt) {
+  if (name == "spread-out") return fa::planner<Topo, fa::spread_out_decomposer>(topo, opt);
+  if (name == "direct") return fa::planner<Topo, fa::direct_decomposer>(topo, opt);
+  return fa::planner<Topo, fa::birkhoff_decomposer>(topo, opt);
+}
+
+/// The traffic the options ask for: one generated matrix, one matrix of a trace, or all of them.
+struct workload {
+  std::vector<fa::traffic_matrix> matrices;
+  std::size_t first_index = 0; // trace index of matrices[0]
+};
+
+workload load_workload(const options& o, rank_t n) {
+  workload w;
+  switch (o.input) {
+  case input_kind::matrix:
+    if (o.all) w.matrices = fa::read_trace(o.matrix_path, n, o.unit);
+    else {
+      w.matrices.push_back(fa::read_matrix(o.matrix_path, n, o.index, o.unit));
+      w.first_index = o.index;
+    }
+    break;
+  case input_kind::uniform:
+    w.matrices.push_back(fa::uniform_traffic(n, o.bytes_per_rank, o.seed, o.granule));
+    break;
+  case input_kind::zipf:
+    w.matrices.push_back(fa::zipf_traffic(n, o.zipf_s, o.bytes_per_rank, o.seed, o.granule));
+    break;
+  case input_kind::hotspot:
+    w.matrices.push_back(fa::hotspot_traffic(n, o.hot, o.hot_share, o.bytes_per_rank, o.seed, o.granule));
+    break;
+  case input_kind::lognormal:
+    w.matrices.push_back(fa::lognormal_traffic(n, o.sigma, o.bytes_per_rank, o.seed, o.granule));
+    break;
+  case input_kind::none: throw fa::error("no input");
+  }
+  return w;
+}
+
+std::string input_description(const options& o) {
+  switch (o.input) {
+  case input_kind::matrix:
+    return "trace '" + o.matrix_path + "'" +
+           (o.all ? std::string(", all matrices") : ", matrix " + std::to_string(o.index)) + ", unit " +
+           std::to_string(o.unit) + " B";
+  case input_kind::uniform: return "uniform, " + std::to_string(o.bytes_per_rank) + " B per rank";
+  case input_kind::zipf:
+    return strf("zipf(%g), %llu B per rank, seed %llu", o.zipf_s,
+                static_cast<unsigned long long>(o.bytes_per_rank), static_cast<unsigned long long>(o.seed));
+  case input_kind::hotspot:
+    return strf("hotspot(%d hot, share %g), %llu B per rank, seed %llu", o.hot, o.hot_share,
+                static_cast<unsigned long long>(o.bytes_per_rank), static_cast<unsigned long long>(o.seed));
+  case input_kind::lognormal:
+    return strf("lognormal(sigma %g), %llu B per rank, seed %llu", o.sigma,
+                static_cast<unsigned long long>(o.bytes_per_rank), static_cast<unsigned long long>(o.seed));
+  case input_kind::none: break;
+  }
+  return "none";
+}
+
+/// What one matrix's row of the table (and line of the report) holds.
+struct row {
+  std::size_t index = 0;
+  rank_t ranks = 0;
+  int servers = 0, gpus = 0;
+  bytes_t bytes = 0;
+  std::size_t stages = 0;
+  bytes_t scaleup_bytes = 0;
+  bytes_t staging_max = 0;     // the largest per-rank staging buffer
+  long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
+  double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0;
+};
+
+constexpr double mib = 1024.0 * 1024.0;
+
+void print_header(std::ostream& os) {
+  os << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s\n", "index", "ranks", "SxG", "bytes",
+             "stages", "scale-up", "staging", "staging", "LB", "FAST", "spread-out", "direct", "synth")
+     << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s\n", "", "", "", "MiB", "", "MiB",
+             "MiB max/rk", "MiB total", "ms model", "ms model", "ms model", "ms model", "us");
+}
+
+void print_row(std::ostream& os, const row& r) {
+  const std::string shape = std::to_string(r.servers) + "x" + std::to_string(r.gpus);
+  os << strf("%5zu %5d %5s %11.2f %6zu %10.2f %11.2f %11.2f %9.4f %9.4f %10.4f %9.4f %9.1f\n", r.index,
+             r.ranks, shape.c_str(), static_cast<double>(r.bytes) / mib, r.stages,
+             static_cast<double>(r.scaleup_bytes) / mib, static_cast<double>(r.staging_max) / mib,
+             static_cast<double>(r.staging_sum / mib), r.lower_bound_s * 1e3, r.fast_s * 1e3,
+             r.spread_s * 1e3, r.direct_s * 1e3, r.synthesis_us);
+}
+
+/// A JSON number; JSON has no NaN or infinity, so those become null.
+std::string json_real(double x) { return std::isfinite(x) ? strf("%.9g", x) : std::string("null"); }
+
+void write_report_line(std::ostream& os, const row& r) {
+  os << "{\"index\": " << r.index << ", \"ranks\": " << r.ranks << ", \"servers\": " << r.servers
+     << ", \"gpus\": " << r.gpus << ", \"bytes\": " << r.bytes << ", \"stages\": " << r.stages
+     << ", \"scaleup_bytes\": " << r.scaleup_bytes << ", \"staging_bytes\": " << r.staging_max
+     << ", \"lower_bound_s\": " << json_real(r.lower_bound_s) << ", \"predicted_s\": " << json_real(r.fast_s)
+     << ", \"predicted_spreadout_s\": " << json_real(r.spread_s)
+     << ", \"predicted_direct_s\": " << json_real(r.direct_s)
+     << ", \"synthesis_us\": " << json_real(r.synthesis_us) << "}\n";
+}
+
+/// Writes `text` to `path`, or an error naming the file.
+void write_file(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw fa::error("cannot open " + std::string(what) + " file '" + path + "' for writing");
+  out << text;
+  out.flush();
+  if (!out) throw fa::error("cannot write " + std::string(what) + " file '" + path + "'");
+}
+
+/// A ratio, or NaN (left out of medians) when the denominator is zero: an empty matrix has no
+/// meaningful speed-up.
+double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
+
+double finite_median(const std::vector<double>& v) {
+  std::vector<double> f;
+  std::copy_if(v.begin(), v.end(), std::back_inserter(f), [](double x) { return std::isfinite(x); });
+  return median(std::move(f));
+}
+
+/// `fasta2a plan` on one topology type: a runtime-sized one or, for 8 GPUs per server, the
+/// compile-time-sized one. Every plan is verified before any of its figures is printed.
+template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o) {
+  const rank_t n = topo.ranks();
+  // A plan indexes every message (two 4-byte words per rank pair), so a topology whose index
+  // alone passes the limit cannot be planned: say so before allocating an n x n matrix for it.
+  const long double index_bytes = 8.0L * n * n;
+  if (index_bytes > static_cast<long double>(o.max_plan_bytes))
+    throw fa::plan_too_large(strf("%d ranks need %.0Lf bytes of plan just to index their messages, more than "
+                                  "the plan size limit of %zu bytes (raise --max-plan-bytes)",
+                                  n, index_bytes, o.max_plan_bytes));
+
+  const fa::plan_options popt{o.granule, o.max_plan_bytes};
+  fast_planner<Topo> fast = make_fast_planner(o.decomposer, topo, popt);
+  fa::planner<Topo, fa::spread_out_decomposer> spread(topo, popt);
+  fa::planner<Topo, fa::direct_decomposer> direct(topo, popt);
+  fa::plan fast_plan, spread_plan, direct_plan;
+  const fa::cost_params cp{o.alpha_us * 1e-6};
+
+  std::ofstream report;
+  if (!o.report_path.empty()) {
+    report.open(o.report_path, std::ios::binary | std::ios::trunc);
+    if (!report) throw fa::error("cannot open report file '" + o.report_path + "' for writing");
+  }
+
+  const workload w = load_workload(o, n);
+  // The header is printed with the first row, which follows the first verified plan: input that
+  // fails to plan leaves nothing on stdout but the error on stderr.
+  const auto print_preamble = [&] {
+    std::cout << "# fasta2a plan: " << topo.servers() << " servers x " << topo.gpus_per_server()
+              << " GPUs, scale-up " << fa::to_string(topo.scaleup())
+              << strf(" %g GB/s", topo.scaleup_bandwidth() / 1e9)
+              << (topo.scaleup() == fa::scaleup_kind::switch_fabric ? " per port" : " per pair")
+              << strf(", NIC %g GB/s", topo.scaleout_bandwidth() / 1e9) << "; decomposer " << o.decomposer
+              << ", granule " << o.granule << " B, alpha " << strf("%g", o.alpha_us) << " us\n"
+              << "# input: " << input_description(o) << "\n"
+              << "# LB, FAST, spread-out, direct: alpha-beta MODEL predictions, not measurements; "
+              << "synth: measured wall time of planning, median of " << o.repeat << "\n";
+    print_header(std::cout);
+  };
+
+  std::vector<double> direct_over_fast, fast_over_lb, synth;
+  for (std::size_t k = 0; k < w.matrices.size(); ++k) {
+    const fa::traffic_matrix& t = w.matrices[k];
+    const bool first = k == 0;
+    const bool draw = first && !o.svg_path.empty();
+
+    row r;
+    r.synthesis_us = std::visit(
+        [&](auto& p) {
+          const double us = timed_make(p, t, fast_plan, o.repeat);
+          using D = typename decomposer_of<std::remove_cvref_t<decltype(p)>>::type;
+          check_plan<D>(fast_plan, t, "FAST");
+          return us;
+        },
+        fast);
+    spread.make_into(t, spread_plan);
+    check_plan<fa::spread_out_decomposer>(spread_plan, t, "spread-out");
+    direct.make_into(t, direct_plan);
+    check_plan<fa::direct_decomposer>(direct_plan, t, "direct");
+
+    const fa::prediction pf = fa::predict(topo, fast_plan, cp, draw);
+    const fa::prediction pd = fa::predict(topo, direct_plan, cp, draw);
+    const fa::prediction ps = fa::predict(topo, spread_plan, cp);
+    r.index = w.first_index + k;
+    r.ranks = n;
+    r.servers = topo.servers();
+    r.gpus = topo.gpus_per_server();
+    r.bytes = fast_plan.total_bytes;
+    r.stages = fast_plan.stages();
+    r.scaleup_bytes = fast_plan.scaleup_bytes;
+    for (bytes_t b : fast_plan.staging_bytes) {
+      r.staging_max = std::max(r.staging_max, b);
+      r.staging_sum += static_cast<long double>(b);
+    }
+    r.lower_bound_s = fa::lower_bound(topo, t).overall_s();
+    r.fast_s = pf.total_s;
+    r.spread_s = ps.total_s;
+    r.direct_s = pd.total_s;
+
+    if (first && !o.json_path.empty()) {
+      std::ostringstream json;
+      fa::write_plan_json(json, fast_plan);
+      write_file(o.json_path, json.str(), "JSON");
+    }
+    if (draw) {
+      std::ostringstream svg;
+      fa::timeline_style style;
+      style.fast_label = "FAST (" + o.decomposer + ")";
+      style.note = "Input: " + input_description(o) + strf("; alpha %g us per stage, ", o.alpha_us) +
+                   strf("NIC %g GB/s, scale-up %g GB/s (%s).", topo.scaleout_bandwidth() / 1e9,
+                        topo.scaleup_bandwidth() / 1e9, fa::to_string(topo.scaleup()));
+      const std::string what =
+          o.input == input_kind::matrix ? "matrix " + std::to_string(r.index) : input_description(o);
+      const std::string title =
+          "fasta2a timeline: " + what + strf(" on %d servers x %d GPUs", r.servers, r.gpus);
+      fa::write_timeline_svg(svg, title, pf, pd, n, topo.gpus_per_server(), r.lower_bound_s, style);
+      write_file(o.svg_path, svg.str(), "SVG");
+    }
+
+    if (first) print_preamble();
+    print_row(std::cout, r);
+    if (report.is_open()) {
+      write_report_line(report, r);
+      if (!report) throw fa::error("cannot write report file '" + o.report_path + "'");
+    }
+    direct_over_fast.push_back(ratio(r.direct_s, r.fast_s));
+    fast_over_lb.push_back(ratio(r.fast_s, r.lower_bound_s));
+    synth.push_back(r.synthesis_us);
+  }
+  if (report.is_open()) {
+    report.flush();
+    if (!report) throw fa::error("cannot write report file '" + o.report_path + "'");
+  }
+  if (o.all) {
+    // NaN when no matrix moved a byte (every ratio undefined).
+    const auto times = [](double x) { return std::isfinite(x) ? strf("%.3fx", x) : std::string("n/a"); };
+    std::cout << "# summary over " << w.matrices.size() << " matrices (medians): direct/FAST "
+              << times(finite_median(direct_over_fast)) << ", FAST/LB " << times(finite_median(fast_over_lb))
+              << " (model); synthesis " << strf("%.1f us", median(synth)) << "\n";
+  }
+  std::cout.flush();
+  return 0;
+}
+
+int run_plan(const std::vector<std::string_view>& args) {
+  const std::optional<options> parsed = parse_plan_options(args);
+  if (!parsed) {
+    std::cout << plan_usage;
+    return 0;
+  }
+  const options& o = *parsed;
+  // Eight GPUs per server is the common server: plan it with the compile-time-sized topology,
+  // whose per-server loops unroll; any other size takes the runtime-sized one.
+  if (o.gpus == 8) return plan_command(fa::fixed_topology<8>(o.servers, o.links), o);
+  return plan_command(fa::two_tier_topology(o.servers, o.gpus, o.links), o);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  try {
+    if (args.empty()) {
+      std::cerr << "fasta2a: error: no command given\n" << general_usage;
+      return 2;
+    }
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::cout << general_usage << "\n" << plan_usage;
+      return 0;
+    }
+    if (args[0] != "plan")
+      throw fa::error("unknown command '" + std::string(args[0]) + "' (try fasta2a --help)");
+    return run_plan({args.begin() + 1, args.end()});
+  } catch (const verification_failure& e) {
+    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    return 1;
+  } catch (const fa::error& e) { // plan_too_large included
+    std::cerr << "fasta2a: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "fasta2a: error: out of memory (try fewer ranks or a smaller --max-plan-bytes)\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fasta2a: error: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# End-to-end tests of the fasta2a command-line program.
+#
+#   cli_test.sh MODE FASTA2A PYTHON WORKLOADS_DIR
+#
+# MODE is one of:
+#   trace      the Megatron trace plans; --json, --report and --svg files exist and parse
+#   generator  every generator, both topology kinds and every decomposer plan; report figures agree
+#   errors     every kind of bad input exits 2 with "fasta2a: error: " and a word naming the problem
+# Exit 0 on success, 77 (ctest's SKIP_RETURN_CODE) when an input the mode needs is missing.
+set -u
+
+mode=$1
+bin=$2
+python=$3
+workloads=$4
+megatron=$workloads/megatron-4n-32gpu.txt
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fasta2a-cli-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# run ARGS...: runs the program, leaving its status in $rc and its output in $work/out, $work/err.
+run() {
+  "$bin" "$@" >"$work/out" 2>"$work/err"
+  rc=$?
+}
+
+# expect_ok ARGS...: the program succeeds and prints nothing on stderr.
+expect_ok() {
+  run "$@"
+  if [ "$rc" -ne 0 ] || [ -s "$work/err" ]; then
+    fail "fasta2a $* exited $rc (want 0); stderr: $(cat "$work/err")"
+    return 1
+  fi
+}
+
+# expect_error WORD ARGS...: the program exits 2, says "fasta2a: error: ..." mentioning WORD
+# (case-insensitive) on stderr, and prints nothing on stdout (no partial table, no plan).
+expect_error() {
+  local word=$1
+  shift
+  run "$@"
+  local err
+  err=$(cat "$work/err")
+  if [ "$rc" -ne 2 ]; then
+    fail "fasta2a $* exited $rc (want 2); stderr: $err"
+  elif ! grep -q '^fasta2a: error: ' "$work/err"; then
+    fail "fasta2a $*: stderr lacks 'fasta2a: error: ': $err"
+  elif ! grep -qi -- "$word" "$work/err"; then
+    fail "fasta2a $*: message does not mention '$word': $err"
+  elif [ -s "$work/out" ]; then
+    fail "fasta2a $*: printed on stdout although it failed: $(head -c 300 "$work/out")"
+  fi
+}
+
+# py SCRIPT ARGS...: a Python check; its failure message goes to stderr.
+py() {
+  local script=$1
+  shift
+  "$python" -c "$script" "$@" || fail "python check failed: ${script:0:80}... $*"
+}
+
+report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us"}'
+
+# check_report FILE LINES RANKS SERVERS GPUS BYTES: every line is a JSON object with exactly the
+# report's keys and the given shape, and the model's predictions respect the lower bound.
+check_report() {
+  py "
+import json, sys
+path, lines, ranks, servers, gpus, nbytes = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
+rows = [json.loads(l) for l in open(path)]
+assert len(rows) == lines, f'{len(rows)} report lines, want {lines}'
+for k, r in enumerate(rows):
+    assert set(r) == $report_keys, f'line {k}: keys {sorted(r)}'
+    assert (r['ranks'], r['servers'], r['gpus']) == (ranks, servers, gpus), r
+    if nbytes >= 0: assert r['bytes'] == nbytes, (r['bytes'], nbytes)
+    lb = r['lower_bound_s']
+    for key in ('predicted_s', 'predicted_spreadout_s', 'predicted_direct_s'):
+        assert r[key] >= lb * (1 - 1e-9), f'line {k}: {key} {r[key]} below the lower bound {lb}'
+    assert r['synthesis_us'] > 0 and r['stages'] >= 0 and r['staging_bytes'] >= 0
+" "$@"
+}
+
+check_svg() {
+  py "
+import sys, xml.dom.minidom
+doc = xml.dom.minidom.parse(sys.argv[1])
+assert doc.documentElement.tagName == 'svg'
+text = open(sys.argv[1], encoding='utf-8').read()
+assert 'MODEL' in text, 'caption does not say the timeline is a model'
+for needle in sys.argv[2:]:
+    assert needle in text, f'{needle!r} not in the SVG'
+" "$@"
+}
+
+check_plan_json() {
+  py "
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p['format'] == 'fasta2a.plan.v1', p.get('format')
+assert (p['servers'], p['gpus_per_server']) == (int(sys.argv[2]), int(sys.argv[3])), p
+assert isinstance(p['stages'], list) and isinstance(p['pieces'], list)
+" "$@"
+}
+
+case "$mode" in
+trace)
+  [ -f "$megatron" ] || { echo "skipped: $megatron is missing"; exit 77; }
+  args=(plan --servers 4 --gpus 8 --matrix "$megatron" --unit 8192 --index 0)
+  if expect_ok "${args[@]}" --json "$work/plan.json" --report "$work/report.jsonl" --svg "$work/timeline.svg"; then
+    cat "$work/out"
+    # The row of matrix 0: 32 ranks of 8192 tokens of 8 KiB each, 2 GiB in all.
+    grep -Eq '^ +0 +32 +4x8 +2048\.00 ' "$work/out" || fail "no table row for matrix 0 of 4x8, 2048 MiB"
+    grep -q 'MODEL' "$work/out" || fail "the table does not say its times are a model's"
+    for f in plan.json report.jsonl timeline.svg; do
+      [ -s "$work/$f" ] || fail "$f was not written"
+    done
+    check_plan_json "$work/plan.json" 4 8
+    check_report "$work/report.jsonl" 1 32 4 8 $((32 * 8192 * 8192))
+    check_svg "$work/timeline.svg" "server 3" "nic 7" "up 7"
+  fi
+  # Every matrix: one row and one report line each, then the summary.
+  if expect_ok plan --servers 4 --gpus 8 --matrix "$megatron" --unit 8192 --all --repeat 1 \
+      --report "$work/all.jsonl" --json "$work/all.json"; then
+    tail -n 2 "$work/out"
+    [ "$(grep -Ec '^ +[0-9]+ +32 +4x8 ' "$work/out")" -eq 600 ] || fail "--all did not print 600 rows"
+    grep -Eq '^# summary over 600 matrices \(medians\): direct/FAST [0-9.]+x, FAST/LB [0-9.]+x' "$work/out" ||
+      fail "--all printed no summary line"
+    check_report "$work/all.jsonl" 600 32 4 8 -1
+    py "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r['index'] for r in rows] == list(range(600)), 'indexes are not 0..599 in order'
+assert all(r['bytes'] == 32 * 8192 * 8192 for r in rows)
+" "$work/all.jsonl"
+    check_plan_json "$work/all.json" 4 8
+    # The plan written with --all is the first matrix's: the same as planning matrix 0 alone.
+    cmp -s "$work/all.json" "$work/plan.json" || fail "--all --json did not write matrix 0's plan"
+  fi
+  # A trace file whose name needs escaping in XML still gives a well-formed SVG.
+  odd="$work/odd & <name> \"quoted\" 'x'.txt"
+  printf '0 5\n7 0\n' >"$odd"
+  if expect_ok plan --servers 2 --gpus 1 --matrix "$odd" --svg "$work/odd.svg"; then
+    check_svg "$work/odd.svg" "&amp;" "&lt;name&gt;"
+  fi
+  ;;
+
+generator)
+  # Zipf on 4 x 8 (the compile-time topology) with every output.
+  if expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --repeat 3 \
+      --json "$work/z.json" --report "$work/z.jsonl" --svg "$work/z.svg"; then
+    cat "$work/out"
+    check_plan_json "$work/z.json" 4 8
+    check_report "$work/z.jsonl" 1 32 4 8 $((32 * 1024 * 1024))
+    check_svg "$work/z.svg"
+  fi
+  # The same seed gives the same plan; another seed another matrix.
+  expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --json "$work/z2.json" &&
+    { cmp -s "$work/z.json" "$work/z2.json" || fail "the same seed gave another plan"; }
+  # Runtime-sized topology (G != 8), mesh scale-up, each generator and each decomposer.
+  expect_ok plan --servers 3 --gpus 4 --uniform --bytes-per-rank 12K --report "$work/u.jsonl" &&
+    check_report "$work/u.jsonl" 1 12 3 4 $((12 * 12 * 1024))
+  expect_ok plan --servers 3 --gpus 4 --hotspot 2 --hot-share 0.9 --bytes-per-rank 1M --scaleup mesh \
+    --report "$work/h.jsonl" && check_report "$work/h.jsonl" 1 12 3 4 $((12 * 1024 * 1024))
+  expect_ok plan --servers=5 --gpus=2 --lognormal=1.5 --bytes-per-rank=3G --seed=2 --report="$work/l.jsonl" &&
+    check_report "$work/l.jsonl" 1 10 5 2 -1
+  for d in birkhoff spread-out direct; do
+    expect_ok plan --servers 4 --gpus 8 --zipf 1 --bytes-per-rank 1M --granule 4K --decomposer "$d" \
+      --json "$work/$d.json" --svg "$work/$d.svg" && check_plan_json "$work/$d.json" 4 8 && check_svg "$work/$d.svg"
+  done
+  # Past 64 ranks the timeline draws the first 64 and says so.
+  expect_ok plan --servers 9 --gpus 8 --uniform --bytes-per-rank 1M --repeat 1 --svg "$work/big.svg" &&
+    check_svg "$work/big.svg" "first 64 of 72 ranks"
+  # One server: nothing crosses a NIC.
+  expect_ok plan --servers 1 --gpus 8 --uniform --bytes-per-rank 1M --svg "$work/one.svg" --report "$work/one.jsonl" &&
+    check_svg "$work/one.svg" && check_report "$work/one.jsonl" 1 8 1 8 $((8 * 1024 * 1024))
+  # No traffic at all still plans (zero bytes, zero stages) and draws.
+  expect_ok plan --servers 2 --gpus 2 --uniform --bytes-per-rank 0 --svg "$work/zero.svg" --report "$work/zero.jsonl" &&
+    check_svg "$work/zero.svg" && check_report "$work/zero.jsonl" 1 4 2 2 0
+  # Help.
+  expect_ok --help && { grep -q 'usage: fasta2a plan' "$work/out" || fail "--help shows no usage"; }
+  expect_ok plan --help && { grep -q -- '--servers S' "$work/out" || fail "plan --help shows no options"; }
+  ;;
+
+errors)
+  [ -f "$megatron" ] || { echo "skipped: $megatron is missing"; exit 77; }
+  trace=(--matrix "$megatron" --unit 8192)
+  ok=(plan --servers 4 --gpus 8)
+  expect_error 'usage'
+  expect_error 'unknown command' frobnicate
+  expect_error 'unknown option' "${ok[@]}" --uniform --frobnicate
+  expect_error 'needs a value' plan --gpus 8 --uniform --servers
+  expect_error 'needs a value' plan --servers --gpus 8 --uniform
+  expect_error 'takes no value' "${ok[@]}" --uniform=yes
+  expect_error 'non-negative integer' plan --servers 4 --gpus eight --uniform
+  expect_error 'non-negative integer' "${ok[@]}" --uniform --bytes-per-rank 1.5M
+  expect_error 'negative' plan --servers -4 --gpus 8 --uniform
+  expect_error 'negative' "${ok[@]}" --uniform --alpha -1
+  expect_error 'negative' "${ok[@]}" --zipf -1
+  expect_error 'non-negative number' "${ok[@]}" --zipf nan
+  expect_error 'non-negative number' "${ok[@]}" --lognormal abc
+  expect_error 'at least 1' plan --servers 0 --gpus 8 --uniform
+  expect_error 'at least 1' plan --servers 4 --gpus 0 --uniform
+  expect_error 'at least 1' "${ok[@]}" --uniform --repeat 0
+  expect_error 'at least 1' "${ok[@]}" --uniform --granule 0
+  expect_error 'too large' plan --servers 99999999999 --gpus 8 --uniform
+  expect_error 'required' plan --gpus 8 --uniform
+  expect_error 'more than once' "${ok[@]}" --uniform --seed 1 --seed 2
+  expect_error 'switch or mesh' "${ok[@]}" --uniform --scaleup torus
+  expect_error 'birkhoff' "${ok[@]}" --uniform --decomposer greedy
+  expect_error 'unexpected argument' "${ok[@]}" --uniform stray
+  # Inputs: none, two, options of the other kind of input.
+  expect_error 'no input' "${ok[@]}"
+  expect_error 'two inputs' "${ok[@]}" --uniform --zipf 1
+  expect_error 'two inputs' "${ok[@]}" "${trace[@]}" --hotspot 2
+  expect_error 'matrix only' "${ok[@]}" --uniform --unit 8192
+  expect_error 'matrix only' "${ok[@]}" --zipf 1 --all
+  expect_error 'generators only' "${ok[@]}" "${trace[@]}" --bytes-per-rank 1M
+  expect_error 'hotspot only' "${ok[@]}" --uniform --hot-share 0.2
+  expect_error 'cannot be combined' "${ok[@]}" "${trace[@]}" --all --index 3
+  expect_error 'hot' "${ok[@]}" --hotspot 33
+  expect_error 'hot-share' "${ok[@]}" --hotspot 2 --hot-share 1.5
+  # Trace files: missing, malformed, truncated, empty, past the end, not of S x G ranks.
+  expect_error 'cannot open' "${ok[@]}" --matrix "$work/no-such-file.txt"
+  printf '1 2 3\n4 x 6\n' >"$work/malformed.txt"
+  expect_error 'not a non-negative decimal integer' plan --servers 1 --gpus 2 --matrix "$work/malformed.txt"
+  head -n 1000 "$megatron" >"$work/truncated.txt"
+  expect_error 'truncated' "${ok[@]}" --matrix "$work/truncated.txt"
+  : >"$work/empty.txt"
+  expect_error 'empty' "${ok[@]}" --matrix "$work/empty.txt"
+  expect_error 'past the end' "${ok[@]}" "${trace[@]}" --index 600
+  expect_error 'past the end' "${ok[@]}" "${trace[@]}" --index 18446744073709551615
+  expect_error 'whole number' plan --servers 3 --gpus 8 "${trace[@]}"
+  # Sizes and sums past 64 bits.
+  expect_error 'too large' "${ok[@]}" --uniform --bytes-per-rank 99999999999999999999
+  expect_error 'overflows' "${ok[@]}" --uniform --bytes-per-rank 17179869184G
+  expect_error 'overflows' "${ok[@]}" --uniform --bytes-per-rank 16000000000000000000
+  expect_error 'overflows' "${ok[@]}" --hotspot 1 --bytes-per-rank 1000000000000000000
+  expect_error 'overflows' "${ok[@]}" --matrix "$megatron" --unit 18446744073709551615
+  expect_error 'overflows' "${ok[@]}" --matrix "$megatron" --unit 4000000000000000
+  # A plan whose bytes fit in 64 bits but whose scale-up traffic does not (bytes that take two
+  # scale-up hops count twice): rank 0 sends nearly 2^64 bytes to rank 5 of the other server.
+  "$python" -c "
+n = 8
+m = [[0] * n for _ in range(n)]
+m[0][5] = 18000000000000000000
+print('\\n'.join(' '.join(map(str, r)) for r in m))" >"$work/scaleup-overflow.txt"
+  expect_error 'overflows' plan --servers 2 --gpus 4 --matrix "$work/scaleup-overflow.txt"
+  # Plans past the size limit.
+  expect_error 'limit' "${ok[@]}" "${trace[@]}" --max-plan-bytes 64K
+  expect_error 'limit' plan --servers 100000 --gpus 8 --uniform
+  # Output files that cannot be written.
+  expect_error 'cannot open' "${ok[@]}" --uniform --json "$work/no-such-dir/plan.json"
+  expect_error 'cannot open' "${ok[@]}" --uniform --report "$work/no-such-dir/report.jsonl"
+  expect_error 'cannot open' "${ok[@]}" --uniform --svg "$work/no-such-dir/t.svg"
+  ;;
+
+*)
+  echo "unknown mode '$mode' (trace, generator or errors)" >&2
+  exit 2
+  ;;
+esac
+
+if [ "$failures" -gt 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all $mode checks passed"
