@@ -9,3 +9,5 @@
 #include "fasta2a/topology.hpp"
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/verify.hpp"
+#include "fasta2a/json.hpp"
+#include "fasta2a/svg.hpp"
