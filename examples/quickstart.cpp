@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const std::string path = argc > 1 ? argv[1] : "megatron-4n-32gpu.txt";
   auto topo = fasta2a::h200_cluster(4);                     // 4 servers x 8 H200 (NVSwitch, 400G NICs)
   auto traffic = fasta2a::read_matrix(path, topo.ranks(), /*index=*/0, /*unit=*/8192);
@@ -25,4 +25,7 @@ int main(int argc, char** argv) {
   auto model = fasta2a::predict(topo, plan, {.alpha = 10e-6});   // alpha-beta model, not a measurement
   std::printf("%zu stages, model %.3f ms, lower bound %.3f ms\n", plan.stages(), model.total_s * 1e3,
               fasta2a::lower_bound(topo, traffic).overall_s() * 1e3);
+} catch (const fasta2a::error& e) {
+  std::fprintf(stderr, "quickstart: %s\n", e.what());
+  return 2;
 }
