@@ -1,0 +1,112 @@
+// fasta2a: what the engine needs from the machinery that moves bytes: a Bootstrap to exchange
+// small blobs among all ranks, and Transports to put bytes into peers' registered memory and to
+// signal them. Scale-up and scale-out transports are chosen independently.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+
+namespace fasta2a {
+
+/// Exchanges equal-sized byte blobs among all ranks of a communicator (an allgather): after
+/// `allgather(mine, all)`, `all` holds every rank's blob in rank order. It is also the engine's
+/// only collective, so it orders one call after the previous one on every rank. Throws
+/// fasta2a::error if a peer does not arrive within the bootstrap's timeout.
+template <class B>
+concept Bootstrap = requires(B& b, std::span<const std::byte> mine, std::span<std::byte> all) {
+  { b.rank() } -> std::convertible_to<rank_t>;
+  { b.size() } -> std::convertible_to<rank_t>;
+  b.allgather(mine, all);
+};
+
+/// Signal channels: a peer's signals are counted separately per channel, and within a channel
+/// they are sent and awaited in the same (stage) order, so a receiver always knows how many to
+/// wait for without any other coordination.
+enum class channel : std::uint32_t { copy = 0, balance = 1, rail = 2, redistribute = 3 };
+inline constexpr std::uint32_t channel_count = 4;
+
+inline const char* to_string(channel c) noexcept {
+  switch (c) {
+  case channel::copy: return "intra-server copy";
+  case channel::balance: return "balance";
+  case channel::rail: return "rail";
+  case channel::redistribute: return "redistribute";
+  }
+  return "?";
+}
+
+/// Moves bytes between ranks: one-sided in spirit (the sender names where the bytes land), with
+/// an `expect` hook so that two-sided transports (MPI send/receive, a NIC's receive queue) can post
+/// the matching receive.
+///
+/// - `register_memory(p, n)` makes [p, p+n) a target or source; `serialize` gives a handle of
+///   exactly `handle_bytes` bytes that another rank turns into a `remote` with `deserialize`.
+/// - `put(peer, src, src_off, dst, dst_off, n, ch)` starts copying n bytes from local memory src
+///   at src_off into peer's memory dst at dst_off; the bytes belong to channel ch (the channel of
+///   the signal that will follow). It may return before the bytes have landed.
+/// - `expect(peer, dst, dst_off, n, ch)`: this rank will receive n bytes from peer into its own
+///   dst at dst_off (one call per put, in the order the peer puts them on that channel). A
+///   one-sided transport ignores it.
+/// - `signal(peer, ch)`: after every put this rank made to peer before it has landed, peer's
+///   counter for (this rank, ch) grows by one.
+/// - `wait(peer, ch, count, timeout)`: true once this rank's counter for (peer, ch) reaches count
+///   and every expect for peer posted before has completed; false at the timeout.
+/// - `flush()`: every put this rank started has completed (its source may be reused).
+template <class T>
+concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer,
+                             const typename T::memory& mem, const typename T::remote& rem,
+                             std::span<const std::byte> blob, channel ch, std::uint64_t count,
+                             std::chrono::milliseconds timeout) {
+  typename T::memory;
+  typename T::remote;
+  { T::handle_bytes } -> std::convertible_to<std::size_t>;
+  { t.register_memory(p, n) } -> std::same_as<typename T::memory>;
+  { ct.serialize(mem) } -> std::same_as<std::vector<std::byte>>;
+  { t.deserialize(peer, blob) } -> std::same_as<typename T::remote>;
+  t.put(peer, mem, n, rem, n, n, ch);
+  t.expect(peer, mem, n, n, ch);
+  t.signal(peer, ch);
+  { t.wait(peer, ch, count, timeout) } -> std::same_as<bool>;
+  t.flush();
+};
+
+/// How a rank waits for a signal: spin briefly (cheap when the peer is close), then yield, then
+/// sleep with exponential back-off, so that many ranks sharing few cores do not starve the ones
+/// doing the work.
+struct wait_policy {
+  int spin = 64;                    ///< polls before the first yield
+  int yields = 64;                  ///< yields before the first sleep
+  std::chrono::microseconds min_sleep{2};
+  std::chrono::microseconds max_sleep{200};
+};
+
+namespace detail {
+
+/// Polls `ready()` under a wait_policy until it is true (returns true) or `timeout` passes.
+template <class Ready>
+bool poll_until(Ready&& ready, const wait_policy& wp, std::chrono::milliseconds timeout) {
+  for (int i = 0; i < wp.spin; ++i)
+    if (ready()) return true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int i = 0; i < wp.yields; ++i) {
+    if (ready()) return true;
+    std::this_thread::yield();
+  }
+  auto sleep = wp.min_sleep;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return ready();
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, wp.max_sleep);
+  }
+  return true;
+}
+
+} // namespace detail
+} // namespace fasta2a
