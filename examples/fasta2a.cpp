@@ -1,10 +1,15 @@
-// fasta2a: the command-line planner. `fasta2a plan` plans traffic matrices (a recorded trace or a
+// fasta2a: the command-line program. `fasta2a plan` plans traffic matrices (a recorded trace or a
 // synthetic generator), verifies every plan, and compares the FAST plan with the spread-out and
-// direct baselines in the alpha-beta cost model. Times other than synthesis are model predictions.
+// direct baselines in the alpha-beta cost model (times other than synthesis are model
+// predictions). `fasta2a run` executes all-to-allv calls with real bytes on a transport, checks
+// every received byte, and measures them against direct execution on the same transport.
 #include <fasta2a/common.hpp>
 #include <fasta2a/cost_model.hpp>
 #include <fasta2a/decompose.hpp>
+#include <fasta2a/engine.hpp>
+#include <fasta2a/host.hpp>
 #include <fasta2a/json.hpp>
+#include <fasta2a/pattern.hpp>
 #include <fasta2a/plan.hpp>
 #include <fasta2a/planner.hpp>
 #include <fasta2a/svg.hpp>
@@ -13,6 +18,8 @@
 #include <fasta2a/verify.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -31,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -42,6 +50,7 @@ using fa::rank_t;
 
 constexpr const char* general_usage =
     "usage: fasta2a plan [options]     plan all-to-allv traffic with FAST (see fasta2a plan --help)\n"
+    "       fasta2a run [options]      execute all-to-allv calls with real bytes (see fasta2a run --help)\n"
     "       fasta2a --help             this text\n";
 
 constexpr const char* plan_usage = R"(usage: fasta2a plan --servers S --gpus G INPUT [options]
@@ -85,6 +94,28 @@ Output files (the plan and timeline of the first planned matrix):
 Sizes take the suffixes K, M, G (or KiB, MiB, GiB): powers of 1024. Options take their value as
 the next argument or after '=' (--servers=4).
 Exit status: 0 done; 1 a plan failed verification (a bug in fasta2a); 2 bad input or plan too large.
+)";
+
+constexpr const char* run_usage = R"(usage: fasta2a run --servers S --gpus G INPUT [options]
+
+Executes all-to-allv calls with real bytes through the fasta2a engine: every send buffer is filled
+with a pattern of (source, destination, offset) and every received byte is checked. Each call is
+timed from the first rank's start to the last rank's return (median of --iters calls after one
+warm-up), next to direct execution (every message straight to its destination) on the same
+transport and buffers, and beside the plan's model figures.
+
+  --transport host        ranks are threads of this process, sharing memory (default)
+  --iters N               timed calls per matrix (default 5)
+  --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
+                          stages, staging_bytes, call_s, direct_call_s, speedup, plan_s, exchange_s,
+                          execute_s, predicted_s, predicted_direct_s, lower_bound_s, bytes_checked
+
+Topology, planning and input options are those of `fasta2a plan` (--servers, --gpus, --scaleup,
+--decomposer, --granule, --alpha, --max-plan-bytes, --matrix/--index/--all/--unit, --uniform,
+--zipf, --hotspot/--hot-share, --lognormal, --bytes-per-rank, --seed). One process holds every
+rank's buffers: size --unit or --bytes-per-rank to the machine's memory.
+Exit status: 0 every byte arrived; 1 a byte was wrong or a plan failed verification (a bug);
+2 bad input.
 )";
 
 /// A plan that failed the verifier: a bug in the library, reported apart from bad input.
@@ -134,6 +165,11 @@ struct options {
   std::uint64_t seed = 1;
 
   std::string json_path, report_path, svg_path;
+
+  // fasta2a run
+  std::string transport = "host";
+  unsigned iters = 5;
+  bool compare_mpi = false;
 };
 
 /// A non-negative decimal integer that fits in `max`, or an error naming the option.
@@ -190,9 +226,11 @@ int parse_positive_int(std::string_view flag, std::string_view text) {
   return static_cast<int>(v);
 }
 
-/// Parses the arguments of `fasta2a plan`. Returns nothing when help was asked for.
-std::optional<options> parse_plan_options(const std::vector<std::string_view>& args) {
+/// Parses the arguments of `fasta2a plan` (or, with `run`, of `fasta2a run`). Returns nothing
+/// when help was asked for.
+std::optional<options> parse_options(const std::vector<std::string_view>& args, bool run) {
   options o;
+  const char* command = run ? "fasta2a run" : "fasta2a plan";
   std::set<std::string, std::less<>> given;
   bool have_index = false, have_unit = false, have_share = false, have_bytes = false, have_seed = false;
   const auto set_input = [&](input_kind k, std::string_view flag) {
@@ -227,6 +265,11 @@ std::optional<options> parse_plan_options(const std::vector<std::string_view>& a
     };
     if (!given.insert(std::string(flag)).second)
       throw fa::error("option " + std::string(flag) + " given more than once");
+    const bool run_only = flag == "--transport" || flag == "--iters" || flag == "--compare-mpi";
+    const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
+    if ((run_only && !run) || (plan_only && run))
+      throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
+                      " --help)");
 
     if (flag == "--servers") o.servers = parse_positive_int(flag, value());
     else if (flag == "--gpus") o.gpus = parse_positive_int(flag, value());
@@ -288,12 +331,22 @@ std::optional<options> parse_plan_options(const std::vector<std::string_view>& a
     } else if (flag == "--json") o.json_path = std::string(value());
     else if (flag == "--report") o.report_path = std::string(value());
     else if (flag == "--svg") o.svg_path = std::string(value());
-    else throw fa::error("unknown option '" + std::string(flag) + "' (see fasta2a plan --help)");
+    else if (flag == "--transport") {
+      const std::string_view v = value();
+      if (v != "host" && v != "mpi") throw fa::error("--transport expects host or mpi, got '" + std::string(v) + "'");
+      o.transport = std::string(v);
+    } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
+    else if (flag == "--compare-mpi") {
+      no_value();
+      o.compare_mpi = true;
+    } else throw fa::error("unknown option '" + std::string(flag) + "' (see " + command + " --help)");
   }
 
   // Options that only mean something with another one are errors alone: silently ignoring
   // `--unit 8192` on a generator would print a plan of other traffic than the user asked for.
-  if (o.servers == 0) throw fa::error("--servers S is required (servers, at least 1)");
+  // Under MPI the servers follow from the process count and --gpus.
+  if (o.servers == 0 && !(run && o.transport == "mpi"))
+    throw fa::error("--servers S is required (servers, at least 1)");
   if (o.gpus == 0) throw fa::error("--gpus G is required (GPUs per server, at least 1)");
   if (o.input == input_kind::none)
     throw fa::error(
@@ -604,8 +657,197 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Running: real bytes through the engine
+// ---------------------------------------------------------------------------------------------
+
+/// A wrong byte: the engine delivered something other than what was sent (a bug in fasta2a).
+struct delivery_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Counts and displacements of one rank for traffic t (bytes): messages packed in rank order.
+struct rank_layout {
+  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  bytes_t send_bytes = 0, recv_bytes = 0;
+};
+
+rank_layout layout_of(const fa::traffic_matrix& t, rank_t r) {
+  const auto n = static_cast<rank_t>(t.rows());
+  rank_layout l;
+  for (rank_t j = 0; j < n; ++j) {
+    l.send_displs.push_back(l.send_bytes);
+    l.send_counts.push_back(t(r, j));
+    l.send_bytes += t(r, j);
+    l.recv_displs.push_back(l.recv_bytes);
+    l.recv_counts.push_back(t(j, r));
+    l.recv_bytes += t(j, r);
+  }
+  return l;
+}
+
+/// What running one matrix on one engine type measured.
+struct run_figures {
+  double call_s = 0;          // median over iterations of (last rank's return - first rank's start)
+  fa::call_stats stats{};     // rank 0's breakdown of the median call
+  bytes_t bytes_checked = 0;  // received bytes compared with the pattern, all iterations
+  std::size_t stages = 0;
+  bytes_t staging_max = 0;
+};
+
+/// Runs `iters` timed calls (after one warm-up) of the engine with decomposer D on the host
+/// transport, every rank a thread, and checks every received byte of every call.
+template <fa::Decomposer D, fa::Topology Topo>
+run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const options& o) {
+  using clock = std::chrono::steady_clock;
+  const rank_t n = topo.ranks();
+  const unsigned calls = o.iters + 1;
+  fa::host_fabric fabric(n);
+  std::barrier sync(n);
+  std::vector<clock::time_point> start(static_cast<std::size_t>(n) * calls), stop(start.size());
+  std::vector<std::string> errors(n);
+  std::vector<fa::call_stats> stats(calls);
+  std::atomic<bytes_t> checked{0};
+  run_figures f;
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fa::host_bootstrap boot(fabric, r);
+        fa::host_transport tr(fabric, r);
+        fa::engine<Topo, fa::host_bootstrap, fa::host_transport, fa::host_transport, D> eng(
+            topo, boot, tr, tr, {.planning = {o.granule, o.max_plan_bytes}});
+        const rank_layout l = layout_of(t, r);
+        std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
+        for (rank_t j = 0; j < n; ++j)
+          fa::fill_pattern(std::span(send).subspan(l.send_displs[j], l.send_counts[j]), r, j);
+        for (unsigned c = 0; c < calls; ++c) {
+          std::fill(recv.begin(), recv.end(), std::byte{0});
+          sync.arrive_and_wait();
+          start[c * n + r] = clock::now();
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+          stop[c * n + r] = clock::now();
+          if (r == 0) stats[c] = eng.last_stats();
+          for (rank_t i = 0; i < n; ++i) {
+            const auto got = std::span<const std::byte>(recv).subspan(l.recv_displs[i], l.recv_counts[i]);
+            if (const auto bad = fa::pattern_mismatches(got, i, r))
+              throw delivery_failure("rank " + std::to_string(r) + ": " + std::to_string(bad) + " of " +
+                                     std::to_string(got.size()) + " bytes from rank " + std::to_string(i) +
+                                     " are wrong (call " + std::to_string(c) + ")");
+          }
+          checked += l.recv_bytes;
+          sync.arrive_and_wait(); // nobody refills while another rank still checks
+        }
+        if (r == 0) {
+          f.stages = eng.last_plan().stages();
+          for (bytes_t b : eng.last_plan().staging_bytes) f.staging_max = std::max(f.staging_max, b);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        // Leave the barrier so that the other ranks fail on their timeouts instead of waiting here.
+        sync.arrive_and_drop();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (rank_t r = 0; r < n; ++r)
+    if (!errors[r].empty()) {
+      if (errors[r].find("are wrong") != std::string::npos) throw delivery_failure(errors[r]);
+      throw fa::error(errors[r]);
+    }
+  std::vector<std::pair<double, unsigned>> per_call;
+  for (unsigned c = 1; c < calls; ++c) { // call 0 is the warm-up
+    auto first = start[c * n], last = stop[c * n];
+    for (rank_t r = 0; r < n; ++r) {
+      first = std::min(first, start[c * n + r]);
+      last = std::max(last, stop[c * n + r]);
+    }
+    per_call.emplace_back(std::chrono::duration<double>(last - first).count(), c);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  const auto& mid = per_call[per_call.size() / 2];
+  f.call_s = mid.first;
+  f.stats = stats[mid.second];
+  f.bytes_checked = checked.load();
+  return f;
+}
+
+/// `fasta2a run --transport host` on one topology type.
+template <fa::Topology Topo> int run_command(const Topo& topo, const options& o) {
+  const rank_t n = topo.ranks();
+  const workload w = load_workload(o, n);
+  const fa::cost_params cp{o.alpha_us * 1e-6};
+  std::ofstream report;
+  if (!o.report_path.empty()) {
+    report.open(o.report_path, std::ios::binary | std::ios::trunc);
+    if (!report) throw fa::error("cannot open report file '" + o.report_path + "' for writing");
+  }
+  std::cout << "# fasta2a run: " << topo.servers() << " servers x " << topo.gpus_per_server()
+            << " GPUs as threads of one process (host transport); decomposer " << o.decomposer << ", granule "
+            << o.granule << " B\n"
+            << "# input: " << input_description(o) << "\n"
+            << "# call, direct: measured wall time per all-to-allv (median of " << o.iters
+            << " after a warm-up), every received byte checked; model: alpha-beta prediction for the\n"
+            << "# NVLink/NIC cluster the plan is made for (this machine has neither)\n"
+            << strf("%5s %5s %5s %11s %6s %10s %10s %8s %9s %9s %9s %9s %12s\n", "index", "ranks", "SxG", "bytes",
+                    "stages", "call", "direct", "direct/", "plan", "execute", "FAST", "direct", "checked")
+            << strf("%5s %5s %5s %11s %6s %10s %10s %8s %9s %9s %9s %9s %12s\n", "", "", "", "MiB", "", "ms",
+                    "ms", "call", "us", "ms", "ms model", "ms model", "MiB");
+  bytes_t all_checked = 0;
+  for (std::size_t k = 0; k < w.matrices.size(); ++k) {
+    const fa::traffic_matrix& t = w.matrices[k];
+    run_figures fast;
+    if (o.decomposer == "spread-out") fast = run_host<fa::spread_out_decomposer>(topo, t, o);
+    else if (o.decomposer == "direct") fast = run_host<fa::direct_decomposer>(topo, t, o);
+    else fast = run_host<fa::birkhoff_decomposer>(topo, t, o);
+    const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
+    const fa::plan_options popt{o.granule, o.max_plan_bytes};
+    const double model_fast = o.decomposer == "spread-out"
+                                  ? fa::predict(topo, fa::make_plan<fa::spread_out_decomposer>(topo, t, popt), cp).total_s
+                              : o.decomposer == "direct"
+                                  ? fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s
+                                  : fa::predict(topo, fa::make_plan(topo, t, popt), cp).total_s;
+    const double model_direct = fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s;
+    const double lb = fa::lower_bound(topo, t).overall_s();
+    const bytes_t total = t.sum();
+    const std::string shape = std::to_string(topo.servers()) + "x" + std::to_string(topo.gpus_per_server());
+    std::cout << strf("%5zu %5d %5s %11.2f %6zu %10.3f %10.3f %8.2f %9.1f %9.3f %9.4f %9.4f %12.2f\n",
+                      w.first_index + k, n, shape.c_str(), total / mib, fast.stages, fast.call_s * 1e3,
+                      direct.call_s * 1e3, ratio(direct.call_s, fast.call_s), fast.stats.plan_s * 1e6,
+                      fast.stats.execute_s * 1e3, model_fast * 1e3, model_direct * 1e3,
+                      (fast.bytes_checked + direct.bytes_checked) / mib);
+    all_checked += fast.bytes_checked + direct.bytes_checked;
+    if (report.is_open())
+      report << "{\"index\": " << w.first_index + k << ", \"ranks\": " << n << ", \"servers\": " << topo.servers()
+             << ", \"gpus\": " << topo.gpus_per_server() << ", \"bytes\": " << total << ", \"stages\": " << fast.stages
+             << ", \"staging_bytes\": " << fast.staging_max << ", \"call_s\": " << json_real(fast.call_s)
+             << ", \"direct_call_s\": " << json_real(direct.call_s)
+             << ", \"speedup\": " << json_real(ratio(direct.call_s, fast.call_s))
+             << ", \"plan_s\": " << json_real(fast.stats.plan_s) << ", \"exchange_s\": " << json_real(fast.stats.exchange_s)
+             << ", \"execute_s\": " << json_real(fast.stats.execute_s) << ", \"predicted_s\": " << json_real(model_fast)
+             << ", \"predicted_direct_s\": " << json_real(model_direct) << ", \"lower_bound_s\": " << json_real(lb)
+             << ", \"bytes_checked\": " << fast.bytes_checked + direct.bytes_checked << "}\n";
+  }
+  if (report.is_open() && !report.flush()) throw fa::error("cannot write report file '" + o.report_path + "'");
+  std::cout << "# every received byte checked: " << strf("%.2f MiB", all_checked / mib) << ", all correct\n";
+  return 0;
+}
+
+int run_run(const std::vector<std::string_view>& args) {
+  const std::optional<options> parsed = parse_options(args, true);
+  if (!parsed) {
+    std::cout << run_usage;
+    return 0;
+  }
+  const options& o = *parsed;
+  if (o.transport != "host")
+    throw fa::error("--transport " + o.transport + " is not built into this fasta2a (host only)");
+  if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi");
+  if (o.gpus == 8) return run_command(fa::fixed_topology<8>(o.servers, o.links), o);
+  return run_command(fa::two_tier_topology(o.servers, o.gpus, o.links), o);
+}
+
 int run_plan(const std::vector<std::string_view>& args) {
-  const std::optional<options> parsed = parse_plan_options(args);
+  const std::optional<options> parsed = parse_options(args, false);
   if (!parsed) {
     std::cout << plan_usage;
     return 0;
@@ -630,9 +872,13 @@ int main(int argc, char** argv) {
       std::cout << general_usage << "\n" << plan_usage;
       return 0;
     }
+    if (args[0] == "run") return run_run({args.begin() + 1, args.end()});
     if (args[0] != "plan")
       throw fa::error("unknown command '" + std::string(args[0]) + "' (try fasta2a --help)");
     return run_plan({args.begin() + 1, args.end()});
+  } catch (const delivery_failure& e) {
+    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    return 1;
   } catch (const verification_failure& e) {
     std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
     return 1;
