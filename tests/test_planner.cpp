@@ -400,3 +400,46 @@ TEST_CASE("cost_model.bounds_and_predictions_are_consistent") {
     CHECK(predict(topo, make_plan(topo, t), {.alpha = 0}).total_s <= predict(topo, make_plan(topo, t), {.alpha = 1e-5}).total_s);
   }
 }
+
+namespace {
+// What rank r does in a plan: per stage, its ops with the full content of each piece.
+std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
+  std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> w;
+  for (std::size_t t = 0; t < p.op_stages(); ++t)
+    for (const rank_op& op : p.ops(r, t)) w.push_back({t, {op.kind, p.pieces[op.piece]}});
+  return w;
+}
+} // namespace
+
+TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
+  std::mt19937_64 rng(404);
+  for (int iter = 0; iter < 120; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 7), G = 1 + static_cast<int>(rng() % 5);
+    const bytes_t granule = 1 + rng() % 3;
+    const traffic_matrix t = random_case(rng, S * G, G, granule);
+    const two_tier_topology topo(S, G);
+    CAPTURE(iter);
+    auto check_views = [&](auto pl) {
+      const plan whole = pl.make(t);
+      plan view;
+      for (rank_t r = 0; r < S * G; ++r) {
+        pl.make_rank_into(t, r, view);
+        CHECK(view.view == r);
+        CHECK(view.stage_weight == whole.stage_weight);
+        CHECK(view.stage_perm == whole.stage_perm);
+        CHECK(view.staging_bytes == whole.staging_bytes);
+        CHECK(view.pieces.size() <= whole.pieces.size());
+        CHECK(rank_work(view, r) == rank_work(whole, r));
+        CHECK(view.ops((r + 1) % (S * G), 0).size() == (S * G == 1 ? view.ops(r, 0).size() : 0));
+      }
+    };
+    check_views(planner<two_tier_topology>(topo, {.granule = granule}));
+    if (iter % 4 == 0) {
+      check_views(planner<two_tier_topology, spread_out_decomposer>(topo, {.granule = granule}));
+      check_views(planner<two_tier_topology, direct_decomposer>(topo));
+    }
+  }
+  const auto t = zipf_traffic(32, 1.0, 1 << 20, 9);
+  CHECK_FALSE(verify(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 3), t).ok);
+  CHECK_THROWS_WITH_AS(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 32), doctest::Contains("not in a topology"), error);
+}

@@ -35,9 +35,9 @@ struct call_stats {
   double total_s = 0;
 };
 
-/// A 64-bit digest of a plan (stages and pieces), compared across ranks: every rank must hold the
-/// same plan, and a rank with another topology, decomposer or options is caught before any byte
-/// moves.
+/// A 64-bit digest of what every rank's view of one plan shares: shape, granule, decomposer,
+/// stages and the staging layout. Ranks compare it, so that a rank with another topology,
+/// decomposer or options is caught before any byte moves.
 inline std::uint64_t plan_hash(const plan& p) noexcept {
   std::uint64_t h = 0x9e3779b97f4a7c15ull;
   auto mix = [&](std::uint64_t w) {
@@ -46,14 +46,12 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
   };
   mix(static_cast<std::uint64_t>(p.servers) << 32 | static_cast<std::uint32_t>(p.gpus_per_server));
   mix(p.granule);
+  mix(p.total_bytes);
+  mix(p.staged);
+  for (char c : p.decomposer) mix(static_cast<unsigned char>(c));
   for (bytes_t w : p.stage_weight) mix(w);
   for (std::int32_t d : p.stage_perm) mix(static_cast<std::uint32_t>(d));
-  for (const piece& pc : p.pieces) {
-    mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(pc.src)) << 32 | static_cast<std::uint32_t>(pc.dst));
-    mix(pc.offset);
-    mix(pc.bytes);
-    mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(pc.stage)) << 32 | static_cast<std::uint32_t>(pc.rail));
-  }
+  for (bytes_t b : p.staging_bytes) mix(b);
   return h;
 }
 
@@ -61,7 +59,8 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
 /// Bootstrap, a scale-up and a scale-out Transport, and a Decomposer.
 ///
 /// Every call: (1) one allgather exchanges the counts (and each rank's verdict on its own
-/// arguments), so every rank knows the whole traffic matrix; (2) every rank computes the same plan;
+/// arguments), so every rank knows the whole traffic matrix; (2) every rank computes its own part
+/// of the same plan (planner::make_rank_into);
 /// (3) a second allgather compares plan hashes and exchanges memory handles; (4) the plan runs:
 /// self and intra-server copies, then per step j the balance of stage j, the rail transfer of
 /// stage j - 1 and the redistribution of stage j - 2, with point-to-point signals per stage and
@@ -88,6 +87,7 @@ public:
   rank_t ranks() const noexcept { return n_; }
   /// Bytes of staging memory this rank holds (grown to the largest plan so far).
   bytes_t staging_bytes() const noexcept { return staging_.size(); }
+  /// This rank's view of the last call's plan.
   const plan& last_plan() const noexcept { return plan_; }
   const call_stats& last_stats() const noexcept { return stats_; }
 
@@ -106,7 +106,7 @@ public:
     const auto t0 = clock::now();
     exchange_counts(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
     const auto t1 = clock::now();
-    planner_.make_into(traffic_, plan_);
+    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only
     const auto t2 = clock::now();
     exchange_handles(send, recv);
     const auto t3 = clock::now();

@@ -100,6 +100,9 @@ struct plan {
   int gpus_per_server = 0;
   bytes_t granule = 1;
   bool staged = true;      ///< false for the direct baseline (no stages, no rails)
+  /// -1 for a whole plan; r for rank r's view (`planner::make_rank`): only the pieces r sends,
+  /// receives or carries, only r's ops, and no message index.
+  rank_t view = -1;
   bytes_t rail_load = 0;   ///< L: per-rail bytes of the busiest server, before padding
   bytes_t total_bytes = 0; ///< sum of the traffic matrix
   bytes_t scaleup_bytes = 0; ///< bytes moved over scale-up: intra + balance + redistribute
@@ -110,7 +113,7 @@ struct plan {
   std::vector<std::uint32_t> message_first; ///< ranks^2: first piece of message src*N+dst
   std::vector<std::uint32_t> message_count; ///< ranks^2: its number of pieces
   std::vector<bytes_t> staging_bytes;     ///< per rank: staging buffer bytes it needs
-  std::vector<std::uint32_t> op_offsets;  ///< CSR over (rank, stage): ranks * stages() + 1
+  std::vector<std::uint32_t> op_offsets;  ///< CSR over (rank, stage): ranks (or 1 in a view) * op_stages() + 1
   std::vector<rank_op> op_list;
 
   rank_t ranks() const noexcept { return servers * gpus_per_server; }
@@ -124,13 +127,15 @@ struct plan {
     for (bytes_t x : stage_weight) w += x;
     return w;
   }
+  /// The pieces of message src -> dst, in offset order (whole plans only).
   std::span<const piece> message_pieces(rank_t src, rank_t dst) const noexcept {
     std::size_t m = static_cast<std::size_t>(src) * ranks() + dst;
     return {pieces.data() + message_first[m], message_count[m]};
   }
-  /// The ops rank r performs for stage t (t < max(stages(), 1)).
+  /// The ops rank r performs for stage t (t < op_stages()); empty for other ranks than a view's.
   std::span<const rank_op> ops(rank_t r, std::size_t t) const noexcept {
-    std::size_t k = static_cast<std::size_t>(r) * op_stages() + t;
+    if (view >= 0 && r != view) return {};
+    std::size_t k = static_cast<std::size_t>(view >= 0 ? 0 : r) * op_stages() + t;
     return {op_list.data() + op_offsets[k], op_offsets[k + 1] - op_offsets[k]};
   }
   /// Number of stage slots in the op index: at least one, for the copies.
@@ -201,78 +206,93 @@ void for_each_op(const plan& p, const piece& pc, F&& f) {
   }
 }
 
-/// Building the executor's view of a plan (staging offsets and the per-(rank, stage) op index)
-/// piece by piece, so that the planner can do it while it makes each piece, in one pass. Each
-/// rank's staging buffer holds the pieces balanced into it (in piece order), then the pieces it
-/// receives for redistribution. The op index is a counting sort: linear in the pieces.
+/// The per-(rank, stage) op index of a plan, built piece by piece so that the planner can do it
+/// while it makes each piece, in one pass: a counting sort, linear in the pieces. In a rank's
+/// view only that rank's ops are kept.
 template <int SG = 0>
 class index_builder {
 public:
-  /// Starts the index of p, whose stages are final.
+  /// Starts the index of p, whose stages (and view) are final.
   void begin(plan& p) {
     p_ = &p;
-    G_ = SG > 0 ? SG : p.gpus_per_server;
     slots_ = p.op_stages();
-    p.staging_bytes.assign(p.ranks(), 0);
-    in_.assign(p.ranks(), 0);
-    p.op_offsets.assign(static_cast<std::size_t>(p.ranks()) * slots_ + 1, 0);
+    const std::size_t ranks = p.view >= 0 ? 1 : static_cast<std::size_t>(p.ranks());
+    p.op_offsets.assign(ranks * slots_ + 1, 0);
   }
-  /// Gives piece pc (about to be, or already, stored in p.pieces) its staging slots and counts
-  /// its ops. The receiving slot is relative until `finish`.
-  FASTA2A_INLINE void add(piece& pc) {
+  /// Counts the ops of piece pc (about to be, or already, stored in p.pieces).
+  FASTA2A_INLINE void add(const piece& pc) {
     std::uint32_t* count = p_->op_offsets.data() + 1;
-    pc.stage_out = no_staging;
-    pc.stage_in = no_staging;
-    if (pc.rail >= 0) {
-      const rank_t a = pc.src / G_ * G_ + pc.rail, b = pc.dst / G_ * G_ + pc.rail;
-      if (a != pc.src) {
-        pc.stage_out = p_->staging_bytes[a];
-        p_->staging_bytes[a] += pc.bytes;
-      }
-      if (b != pc.dst) {
-        pc.stage_in = in_[b];
-        in_[b] += pc.bytes;
-      }
-    }
+    const rank_t view = p_->view;
     for_each_op<SG>(*p_, pc, [&](rank_t r, std::size_t t, op_kind) {
-      ++count[static_cast<std::size_t>(r) * slots_ + t];
+      if (view < 0) ++count[static_cast<std::size_t>(r) * slots_ + t];
+      else if (r == view) ++count[t];
     });
   }
-  /// Places every receiving slot after its rank's balance region and fills the op index.
+  /// Fills the op index.
   void finish() {
     plan& p = *p_;
     for (std::size_t i = 1; i < p.op_offsets.size(); ++i) p.op_offsets[i] += p.op_offsets[i - 1];
     p.op_list.resize(p.op_offsets.back());
     std::uint32_t* cursor = p.op_offsets.data();
     rank_op* ops = p.op_list.data();
-    piece* pieces = p.pieces.data();
-    const bytes_t* out = p.staging_bytes.data();
-    for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i) {
-      piece& pc = pieces[i];
-      if (pc.stage_in != no_staging) pc.stage_in += out[pc.dst / G_ * G_ + pc.rail];
-      for_each_op<SG>(p, pc, [&](rank_t r, std::size_t t, op_kind k) {
-        ops[cursor[static_cast<std::size_t>(r) * slots_ + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
+    const piece* pieces = p.pieces.data();
+    const rank_t view = p.view;
+    for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i)
+      for_each_op<SG>(p, pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
+        if (view < 0) ops[cursor[static_cast<std::size_t>(r) * slots_ + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
+        else if (r == view) ops[cursor[t]++] = rank_op{static_cast<std::uint32_t>(i), k};
       });
-    }
     // Every cursor now points at the start of the next bucket: shift back by one bucket.
     for (std::size_t i = p.op_offsets.size() - 1; i > 0; --i) p.op_offsets[i] = p.op_offsets[i - 1];
     p.op_offsets[0] = 0;
-    for (std::size_t r = 0; r < p.staging_bytes.size(); ++r) p.staging_bytes[r] += in_[r];
   }
 
 private:
   plan* p_ = nullptr;
-  int G_ = 1;
   std::size_t slots_ = 1;
-  std::vector<bytes_t> in_;
 };
 
-/// Fills the executor's view of a plan whose pieces are set (see index_builder).
+/// Staging slots of a whole plan whose pieces are set, in the planner's layout: rank (s, k)'s
+/// buffer holds, per destination server in order, rail k's bytes from s (balance region), then
+/// per source server in order rail k's bytes into s (receive region); a piece sits at its
+/// region's base plus its position in its rail stream. Pieces that need no staging get none.
+inline void assign_staging(plan& p) {
+  const int S = p.servers, G = p.gpus_per_server;
+  const std::size_t SSG = static_cast<std::size_t>(S) * S * G;
+  std::vector<bytes_t> load(SSG, 0), out_base(SSG, 0), in_base(SSG, 0);
+  auto key = [&](const piece& pc) {
+    return (static_cast<std::size_t>(pc.src / G) * S + pc.dst / G) * G + pc.rail;
+  };
+  for (const piece& pc : p.pieces)
+    if (pc.rail >= 0) load[key(pc)] += pc.bytes;
+  p.staging_bytes.assign(static_cast<std::size_t>(S) * G, 0);
+  for (int pass = 0; pass < 2; ++pass)
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        for (int k = 0; k < G; ++k) {
+          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
+          const int owner = pass == 0 ? s : d;
+          (pass == 0 ? out_base : in_base)[i] = p.staging_bytes[owner * G + k];
+          p.staging_bytes[owner * G + k] += load[i];
+        }
+  std::fill(load.begin(), load.end(), 0); // now: position in each rail stream
+  for (piece& pc : p.pieces) {
+    pc.stage_out = pc.stage_in = no_staging;
+    if (pc.rail < 0) continue;
+    const std::size_t i = key(pc);
+    if (p.rail_source(pc) != pc.src) pc.stage_out = out_base[i] + load[i];
+    if (p.rail_target(pc) != pc.dst) pc.stage_in = in_base[i] + load[i];
+    load[i] += pc.bytes;
+  }
+}
+
+/// Fills the executor's view of a whole plan whose pieces are set: staging slots and op index.
 template <int SG = 0>
 void build_index(plan& p) {
+  assign_staging(p);
   index_builder<SG> ib;
   ib.begin(p);
-  for (piece& pc : p.pieces) ib.add(pc);
+  for (const piece& pc : p.pieces) ib.add(pc);
   ib.finish();
 }
 

@@ -78,7 +78,28 @@ public:
   }
 
   /// As `make`, reusing p's storage.
-  void make_into(const traffic_matrix& t, plan& p) {
+  void make_into(const traffic_matrix& t, plan& p) { build(t, p, -1); }
+
+  /// Rank r's part of the plan: the stages, every piece rank r sends, receives or carries on its
+  /// rail, and r's ops; nothing of other ranks. The pieces and ops are exactly those of the whole
+  /// plan for r (same values, same order), at a fraction of the cost: phase 1 runs only for the
+  /// server pairs that touch r's server. This is what each rank computes per call.
+  plan make_rank(const traffic_matrix& t, rank_t r) {
+    plan p;
+    make_rank_into(t, r, p);
+    return p;
+  }
+
+  /// As `make_rank`, reusing p's storage.
+  void make_rank_into(const traffic_matrix& t, rank_t r, plan& p) {
+    if (r < 0 || r >= topo_.ranks())
+      throw error("rank " + std::to_string(r) + " is not in a topology of " + std::to_string(topo_.ranks()) +
+                  " ranks");
+    build(t, p, r);
+  }
+
+private:
+  void build(const traffic_matrix& t, plan& p, rank_t view) {
     const rank_t n = topo_.ranks();
     const int S = topo_.servers();
     const int G = gpus();
@@ -88,33 +109,42 @@ public:
     p.gpus_per_server = G;
     p.granule = opt_.granule;
     p.staged = D::staged;
+    p.view = view;
     p.scaleup_bytes = 0;
 
-    // Phase 2 first needs only the pair totals: M(s, d) = the largest rail capacity of (s, d).
-    m_.setZero(S, S);
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        if (s != d) m_(s, d) = per_rail_bytes(block_sum(t, s, d), G, opt_.granule);
+    // Phase 1's rail capacities depend only on each pair's total and diagonal, so every rank can
+    // compute all of them cheaply: they give M (phase 2's input) and the staging layout.
+    rail_layout(t, p);
     p.rail_load = max_line_sum(m_);
 
     stages_.max_bytes = opt_.max_plan_bytes;
-    stages_.extra_bytes_per_stage = static_cast<std::size_t>(n) * sizeof(std::uint32_t) + S * 4;
+    stages_.extra_bytes_per_stage =
+        (view < 0 ? static_cast<std::size_t>(n) : std::size_t{1}) * sizeof(std::uint32_t) + S * 4;
     dec_.decompose(m_, stages_);
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
     p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
     const std::size_t T = p.stages();
-    const std::size_t op_slots = static_cast<std::size_t>(n) * (T == 0 ? 1 : T) + 1;
-    check_size(T * (S * 4 + 8) + op_slots * 4 + 2 * static_cast<std::size_t>(n) * n * 4,
+    const std::size_t views = view < 0 ? static_cast<std::size_t>(n) : 1;
+    const std::size_t op_slots = views * (T == 0 ? 1 : T) + 1;
+    check_size(T * (S * 4 + 8) + op_slots * 4 + (view < 0 ? 2 * static_cast<std::size_t>(n) * n * 4 : 0),
                "stages and index");
     index_pair_stages(p);
     index_.begin(p);
 
-    // Phase 1 and the pieces, one server pair at a time.
+    // Phase 1 and the pieces, one server pair at a time; a rank's view needs only the pairs that
+    // touch its server, in the same order as the whole plan.
     p.pieces.clear();
-    p.message_first.assign(static_cast<std::size_t>(n) * n, 0);
-    p.message_count.assign(static_cast<std::size_t>(n) * n, 0);
+    if (view < 0) {
+      p.message_first.assign(static_cast<std::size_t>(n) * n, 0);
+      p.message_count.assign(static_cast<std::size_t>(n) * n, 0);
+    } else {
+      p.message_first.clear();
+      p.message_count.clear();
+    }
+    const int home = view < 0 ? -1 : view / G;
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
+        if (view >= 0 && s != home && d != home) continue;
         if (s == d || !D::staged) emit_unstaged_pair(t, p, s, d);
         else emit_pair(t, p, s, d);
         check_size(p.pieces.size() * (sizeof(piece) + 6 * sizeof(rank_op)), "pieces");
@@ -122,7 +152,6 @@ public:
     index_.finish();
   }
 
-private:
   int gpus() const noexcept {
     if constexpr (static_gpus_v<Topo> > 0) return static_gpus_v<Topo>;
     else return topo_.gpus_per_server();
@@ -137,18 +166,56 @@ private:
                            "); raise plan_options::max_plan_bytes");
   }
 
-  static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
-    return t.data()[static_cast<std::size_t>(i) * t.cols() + j];
+  // Rail capacities of every server pair (phase 1's loads), M, and the staging layout. Rank
+  // (s, k)'s staging buffer holds, per destination server d in order, the bytes of rail k from s
+  // to d (the balance region), then per source server s' in order the bytes of rail k from s' to s
+  // (the receive region). A piece's slot is its region's base plus its position in that rail's
+  // stream, so any rank computes any slot without the other pairs' phase 1. Slots of pieces that
+  // need no staging (already on their rail rank) stay unused.
+  void rail_layout(const traffic_matrix& t, plan& p) {
+    const int S = topo_.servers(), G = gpus();
+    const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
+    m_.setZero(S, S);
+    caps_.assign(SSG, 0);
+    out_base_.assign(SSG, 0);
+    in_base_.assign(SSG, 0);
+    if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
+    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d) continue;
+        const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
+        bytes_t v = 0;
+        for (int a = 0; a < G; ++a)
+          for (int b = 0; b < G; ++b) v += blk[a * ld + b];
+        // Extra granules go to the rails with the most traffic that needs no scale-up hop.
+        for (int k = 0; k < G; ++k) order_[k] = k;
+        for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
+          for (int j = i; j > 0 && blk[order_[j] * (ld + 1)] > blk[order_[j - 1] * (ld + 1)]; --j)
+            std::swap(order_[j], order_[j - 1]);
+        m_(s, d) = rail_capacities(v, G, opt_.granule, order_.data(), caps_.data() + (static_cast<std::size_t>(s) * S + d) * G);
+      }
+    // Balance regions, then receive regions, per rail rank. Direct sending stages nothing.
+    p.staging_bytes.assign(SG, 0);
+    if (!D::staged) return;
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        for (int k = 0; k < G; ++k) {
+          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
+          out_base_[i] = p.staging_bytes[s * G + k];
+          p.staging_bytes[s * G + k] += caps_[i];
+        }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        for (int k = 0; k < G; ++k) {
+          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
+          in_base_[i] = p.staging_bytes[d * G + k];
+          p.staging_bytes[d * G + k] += caps_[i];
+        }
   }
 
-  bytes_t block_sum(const traffic_matrix& t, int s, int d) const noexcept {
-    const int G = gpus();
-    bytes_t v = 0;
-    for (int a = 0; a < G; ++a) {
-      const bytes_t* row = t.data() + static_cast<std::size_t>(s * G + a) * t.cols() + d * G;
-      for (int b = 0; b < G; ++b) v += row[b];
-    }
-    return v;
+  static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
+    return t.data()[static_cast<std::size_t>(i) * t.cols() + j];
   }
 
   // For every server pair (s, d), the stages in which s sends to d (CSR), and -1 in the plan's
@@ -187,10 +254,12 @@ private:
   }
 
   void open_message(plan& p, rank_t src, rank_t dst) {
+    if (p.view >= 0) return;
     std::size_t m = static_cast<std::size_t>(src) * topo_.ranks() + dst;
     p.message_first[m] = static_cast<std::uint32_t>(p.pieces.size());
   }
   void close_message(plan& p, rank_t src, rank_t dst) {
+    if (p.view >= 0) return;
     std::size_t m = static_cast<std::size_t>(src) * topo_.ranks() + dst;
     p.message_count[m] = static_cast<std::uint32_t>(p.pieces.size() - p.message_first[m]);
   }
@@ -204,7 +273,7 @@ private:
         rank_t src = s * G + a, dst = d * G + b;
         bytes_t v = at(t, src, dst);
         open_message(p, src, dst);
-        if (v > 0) {
+        if (v > 0 && (p.view < 0 || src == p.view || dst == p.view)) {
           piece pc{src, dst, 0, v, 0, -1, no_staging, no_staging};
           index_.add(pc);
           p.pieces.push_back(pc);
@@ -226,6 +295,7 @@ private:
       order_.resize(G);
       used_.resize(G);
       cursor_.resize(G);
+      railpos_.resize(G);
       parent_.resize(G);
       bfs_.resize(G);
     }
@@ -234,16 +304,8 @@ private:
     const std::size_t ld = static_cast<std::size_t>(t.cols());
     auto B = [&](int a, int b) { return blk[a * ld + b]; };
 
-    bytes_t v = 0;
-    for (int a = 0; a < G; ++a)
-      for (int b = 0; b < G; ++b) v += B(a, b);
-
-    // Extra granules go to the rails with the most traffic that needs no scale-up hop.
-    for (int k = 0; k < G; ++k) order_[k] = k;
-    for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
-      for (int j = i; j > 0 && B(order_[j], order_[j]) > B(order_[j - 1], order_[j - 1]); --j)
-        std::swap(order_[j], order_[j - 1]);
-    rail_capacities(v, G, opt_.granule, order_.data(), cap_.data());
+    const std::size_t pr = static_cast<std::size_t>(s) * S + d;
+    std::copy_n(caps_.data() + pr * G, G, cap_.data());
 
     // 1. A byte from GPU k to GPU k stays on rail k: no scale-up hop at all.
     for (int k = 0; k < G; ++k) res_[k] = cap_[k] - std::min(B(k, k), cap_[k]);
@@ -270,13 +332,17 @@ private:
       }
 
     // Pieces, message by message; each rail's position advances through the pair's stages.
-    const std::size_t pr = static_cast<std::size_t>(s) * S + d;
     const std::int32_t* stages = pair_stages_.data() + pair_first_[pr];
     const std::size_t nstages = pair_first_[pr + 1] - pair_first_[pr];
     for (int k = 0; k < G; ++k) {
       cursor_[k] = 0;
       used_[k] = 0;
+      railpos_[k] = 0;
     }
+    const bytes_t* out_base = out_base_.data() + pr * G;
+    const bytes_t* in_base = in_base_.data() + pr * G;
+    bytes_t* railpos = railpos_.data();
+    const rank_t view = p.view;
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
     int spill = 0;
     const bytes_t* weight = p.stage_weight.data();
@@ -285,10 +351,13 @@ private:
     auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) FASTA2A_INLINE {
       if (bytes == 0) return;
       const int a = src - s * G, b = dst - d * G;
-      // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not.
-      const int hops = (a != k) + (k != b);
-      for (int h = 0; h < hops; ++h)
-        p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
+      // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not. A
+      // rank's view counts the bytes of its own pieces only.
+      if (view < 0 || view == src || view == dst) {
+        const int hops = (a != k) + (k != b);
+        for (int h = 0; h < hops; ++h)
+          p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
+      }
       while (bytes > 0) {
         if (cursor[k] >= nstages)
           throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
@@ -301,9 +370,14 @@ private:
           continue;
         }
         const bytes_t x = std::min(bytes, room);
-        piece pc{src, dst, off, x, st, k, no_staging, no_staging};
-        index_.add(pc);
-        p.pieces.push_back(pc);
+        const rank_t rs = s * G + k, rd = d * G + k;
+        if (view < 0 || view == src || view == dst || view == rs || view == rd) {
+          piece pc{src, dst, off, x, st, k, rs == src ? no_staging : out_base[k] + railpos[k],
+                   rd == dst ? no_staging : in_base[k] + railpos[k]};
+          index_.add(pc);
+          p.pieces.push_back(pc);
+        }
+        railpos[k] += x;
         used[k] += x;
         off += x;
         bytes -= x;
@@ -400,7 +474,8 @@ private:
   std::vector<std::size_t> pair_first_, fill_;
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
-  std::vector<bytes_t> cap_, res_, y_, used_;
+  std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
+  std::vector<bytes_t> caps_, out_base_, in_base_; // servers x servers x G
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;
   detail::index_builder<static_gpus_v<Topo>> index_;

@@ -52,6 +52,8 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
   using std::to_string;
   const int S = p.servers, G = p.gpus_per_server;
   if (S < 1 || G < 1) return fail("plan has no servers or no GPUs");
+  if (p.view >= 0)
+    return fail("verify checks whole plans; this is rank " + to_string(p.view) + "'s view (planner::make_rank)");
   const rank_t n = S * G;
   if (t.rows() != n || t.cols() != n)
     return fail("matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " +
