@@ -58,7 +58,8 @@ constexpr const char* plan_usage = R"(usage: fasta2a plan --servers S --gpus G I
 Plans all-to-allv traffic matrices with FAST, verifies every plan, and compares it with the
 spread-out and direct baselines. One table row per matrix. LB, FAST, spread-out and direct are
 predictions of the alpha-beta MODEL (bytes / bandwidth + alpha per stage), not measurements;
-synth is the measured wall time of planning (median of --repeat runs).
+synth is the measured wall time of planning (median of --repeat runs): the whole plan, and
+rank 0's part, which is what each rank computes per call.
 
 Topology:
   --servers S             servers (required, at least 1)
@@ -88,7 +89,7 @@ Output files (the plan and timeline of the first planned matrix):
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, scaleup_bytes, staging_bytes (largest per-rank staging buffer),
                           lower_bound_s, predicted_s, predicted_spreadout_s, predicted_direct_s,
-                          synthesis_us
+                          synthesis_us (whole plan), synthesis_rank_us (rank 0's part)
   --svg FILE              the model's timeline, FAST above direct sending
 
 Sizes take the suffixes K, M, G (or KiB, MiB, GiB): powers of 1024. Options take their value as
@@ -378,13 +379,16 @@ double median(std::vector<double> v) {
 
 /// Plans t `repeat` times with one planner into one plan, as a runtime would every iteration
 /// (storage reused), and returns the median wall time in microseconds.
+/// With `rank` >= 0, times that rank's part of the plan (planner::make_rank_into) instead.
 template <class Planner>
-double timed_make(Planner& planner, const fa::traffic_matrix& t, fa::plan& out, unsigned repeat) {
+double timed_make(Planner& planner, const fa::traffic_matrix& t, fa::plan& out, unsigned repeat,
+                  rank_t rank = -1) {
   std::vector<double> us;
   us.reserve(repeat);
   for (unsigned r = 0; r < repeat; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    planner.make_into(t, out);
+    if (rank >= 0) planner.make_rank_into(t, rank, out);
+    else planner.make_into(t, out);
     const auto stop = std::chrono::steady_clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
   }
@@ -479,25 +483,25 @@ struct row {
   bytes_t scaleup_bytes = 0;
   bytes_t staging_max = 0;     // the largest per-rank staging buffer
   long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
-  double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0;
+  double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
 };
 
 constexpr double mib = 1024.0 * 1024.0;
 
 void print_header(std::ostream& os) {
-  os << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s\n", "index", "ranks", "SxG", "bytes",
-             "stages", "scale-up", "staging", "staging", "LB", "FAST", "spread-out", "direct", "synth")
-     << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s\n", "", "", "", "MiB", "", "MiB",
-             "MiB max/rk", "MiB total", "ms model", "ms model", "ms model", "ms model", "us");
+  os << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s %9s\n", "index", "ranks", "SxG", "bytes",
+             "stages", "scale-up", "staging", "staging", "LB", "FAST", "spread-out", "direct", "synth", "synth")
+     << strf("%5s %5s %5s %11s %6s %10s %11s %11s %9s %9s %10s %9s %9s %9s\n", "", "", "", "MiB", "", "MiB",
+             "MiB max/rk", "MiB total", "ms model", "ms model", "ms model", "ms model", "us all", "us rank0");
 }
 
 void print_row(std::ostream& os, const row& r) {
   const std::string shape = std::to_string(r.servers) + "x" + std::to_string(r.gpus);
-  os << strf("%5zu %5d %5s %11.2f %6zu %10.2f %11.2f %11.2f %9.4f %9.4f %10.4f %9.4f %9.1f\n", r.index,
+  os << strf("%5zu %5d %5s %11.2f %6zu %10.2f %11.2f %11.2f %9.4f %9.4f %10.4f %9.4f %9.1f %9.1f\n", r.index,
              r.ranks, shape.c_str(), static_cast<double>(r.bytes) / mib, r.stages,
              static_cast<double>(r.scaleup_bytes) / mib, static_cast<double>(r.staging_max) / mib,
              static_cast<double>(r.staging_sum / mib), r.lower_bound_s * 1e3, r.fast_s * 1e3,
-             r.spread_s * 1e3, r.direct_s * 1e3, r.synthesis_us);
+             r.spread_s * 1e3, r.direct_s * 1e3, r.synthesis_us, r.synthesis_rank_us);
 }
 
 /// A JSON number; JSON has no NaN or infinity, so those become null.
@@ -510,7 +514,8 @@ void write_report_line(std::ostream& os, const row& r) {
      << ", \"lower_bound_s\": " << json_real(r.lower_bound_s) << ", \"predicted_s\": " << json_real(r.fast_s)
      << ", \"predicted_spreadout_s\": " << json_real(r.spread_s)
      << ", \"predicted_direct_s\": " << json_real(r.direct_s)
-     << ", \"synthesis_us\": " << json_real(r.synthesis_us) << "}\n";
+     << ", \"synthesis_us\": " << json_real(r.synthesis_us)
+     << ", \"synthesis_rank_us\": " << json_real(r.synthesis_rank_us) << "}\n";
 }
 
 /// Writes `text` to `path`, or an error naming the file.
@@ -573,7 +578,7 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
     print_header(std::cout);
   };
 
-  std::vector<double> direct_over_fast, fast_over_lb, synth;
+  std::vector<double> direct_over_fast, fast_over_lb, synth, synth_rank;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const bool first = k == 0;
@@ -582,6 +587,7 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
     row r;
     r.synthesis_us = std::visit(
         [&](auto& p) {
+          r.synthesis_rank_us = timed_make(p, t, fast_plan, o.repeat, 0);
           const double us = timed_make(p, t, fast_plan, o.repeat);
           using D = typename decomposer_of<std::remove_cvref_t<decltype(p)>>::type;
           check_plan<D>(fast_plan, t, "FAST");
@@ -641,6 +647,7 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
     direct_over_fast.push_back(ratio(r.direct_s, r.fast_s));
     fast_over_lb.push_back(ratio(r.fast_s, r.lower_bound_s));
     synth.push_back(r.synthesis_us);
+    synth_rank.push_back(r.synthesis_rank_us);
   }
   if (report.is_open()) {
     report.flush();
@@ -651,7 +658,8 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
     const auto times = [](double x) { return std::isfinite(x) ? strf("%.3fx", x) : std::string("n/a"); };
     std::cout << "# summary over " << w.matrices.size() << " matrices (medians): direct/FAST "
               << times(finite_median(direct_over_fast)) << ", FAST/LB " << times(finite_median(fast_over_lb))
-              << " (model); synthesis " << strf("%.1f us", median(synth)) << "\n";
+              << " (model); synthesis " << strf("%.1f us", median(synth)) << " whole plan, "
+              << strf("%.1f us", median(synth_rank)) << " rank 0's part\n";
   }
   std::cout.flush();
   return 0;

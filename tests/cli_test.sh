@@ -66,7 +66,7 @@ py() {
   "$python" -c "$script" "$@" || fail "python check failed: ${script:0:80}... $*"
 }
 
-report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us"}'
+report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us"}'
 
 # check_report FILE LINES RANKS SERVERS GPUS BYTES: every line is a JSON object with exactly the
 # report's keys and the given shape, and the model's predictions respect the lower bound.
@@ -83,7 +83,7 @@ for k, r in enumerate(rows):
     lb = r['lower_bound_s']
     for key in ('predicted_s', 'predicted_spreadout_s', 'predicted_direct_s'):
         assert r[key] >= lb * (1 - 1e-9), f'line {k}: {key} {r[key]} below the lower bound {lb}'
-    assert r['synthesis_us'] > 0 and r['stages'] >= 0 and r['staging_bytes'] >= 0
+    assert r['synthesis_us'] > 0 and r['synthesis_rank_us'] > 0 and r['stages'] >= 0 and r['staging_bytes'] >= 0
 " "$@"
 }
 
