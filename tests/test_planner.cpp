@@ -443,3 +443,50 @@ TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
   CHECK_FALSE(verify(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 3), t).ok);
   CHECK_THROWS_WITH_AS(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 32), doctest::Contains("not in a topology"), error);
 }
+
+TEST_CASE("best_of.keeps_the_stages_the_model_predicts_fastest") {
+  std::mt19937_64 rng(55);
+  using both = best_of_decomposer<birkhoff_decomposer, spread_out_decomposer>;
+  for (int iter = 0; iter < 60; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 10);
+    const auto topo = h200_cluster(S);
+    const auto t = zipf_traffic(S * 8, 1.0, bytes_t{1} << (12 + rng() % 16), rng(), 64);
+    for (double alpha : {0.0, 5e-6, 50e-6}) {
+      planner<fixed_topology<8>, both> pl(topo, {.granule = 64}, both(alpha, topo.scaleout_bandwidth()));
+      const plan p = pl.make(t);
+      check_plan(p, t, false);
+      auto scaleout = [&](const plan& q) {
+        double s = 0;
+        for (bytes_t w : q.stage_weight) s += alpha + static_cast<double>(w) / topo.scaleout_bandwidth();
+        return s;
+      };
+      const plan b = make_plan<birkhoff_decomposer>(topo, t, {.granule = 64});
+      const plan s = make_plan<spread_out_decomposer>(topo, t, {.granule = 64});
+      CHECK(scaleout(p) <= std::min(scaleout(b), scaleout(s)) * (1 + 1e-12));
+      CHECK((p.decomposer == "birkhoff" || p.decomposer == "spread-out"));
+      CHECK(p.choice.find("birkhoff") != std::string::npos);
+      CHECK(p.choice.find("spread-out") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("planner.falls_back_to_direct_where_stages_cost_more_than_skew") {
+  const auto topo = h200_cluster(8);
+  // Tiny, nearly balanced messages: 49 stages of 20 us cannot beat one round of direct sending.
+  const auto small = uniform_traffic(64, 64 * 1024, 1);
+  const plan p = make_plan(topo, small, {.direct_if_faster_alpha = 20e-6});
+  check_plan(p, small, false);
+  CHECK_FALSE(p.staged);
+  CHECK(p.decomposer == "direct");
+  CHECK(p.choice.find("direct is faster") != std::string::npos);
+  // Large skewed messages: staging wins, and the plan says what it compared.
+  const auto big = zipf_traffic(64, 1.2, bytes_t{256} << 20, 1, 4096);
+  const plan q = make_plan(topo, big, {.granule = 4096, .direct_if_faster_alpha = 20e-6});
+  check_plan(q, big, true);
+  CHECK(q.staged);
+  CHECK(q.choice.find("direct") != std::string::npos);
+  CHECK(q.choice.find("direct is faster") == std::string::npos);
+  // The rank views make the same choice.
+  planner<fixed_topology<8>> pl(topo, {.direct_if_faster_alpha = 20e-6});
+  CHECK_FALSE(pl.make_rank(small, 5).staged);
+}

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <concepts>
+#include <cstdio>
+#include <tuple>
 #include <span>
 #include <string>
 #include <vector>
@@ -225,5 +227,90 @@ public:
 static_assert(Decomposer<birkhoff_decomposer>);
 static_assert(Decomposer<spread_out_decomposer>);
 static_assert(Decomposer<direct_decomposer>);
+
+/// Runs every decomposer Ds on the server matrix and keeps the stages that the alpha-beta model
+/// predicts fastest for the scale-out phase: the sum over stages of alpha + weight / b_out. So a
+/// plan with a few more bytes of padding but far fewer stages wins where stages are expensive
+/// (small messages, large alpha), and exact Birkhoff wins where bytes dominate. `chosen()` and
+/// `reason()` say which won and why; the planner copies them into the plan.
+template <Decomposer... Ds>
+class best_of_decomposer {
+  static_assert(sizeof...(Ds) >= 1, "best_of_decomposer needs at least one decomposer");
+  static_assert((Ds::staged && ...), "best_of_decomposer chooses among staged decomposers");
+
+public:
+  static constexpr const char* name = "best-of";
+  static constexpr bool staged = true;
+  static constexpr bool exact = (Ds::exact && ...);
+
+  /// alpha_s: seconds per stage; scaleout_bytes_per_s: one NIC's bandwidth.
+  explicit best_of_decomposer(double alpha_s = 10e-6, double scaleout_bytes_per_s = 50e9)
+      : best_of_decomposer(alpha_s, scaleout_bytes_per_s, Ds{}...) {}
+  /// As above, with configured members (a quantised decomposer's quantum, say).
+  best_of_decomposer(double alpha_s, double scaleout_bytes_per_s, Ds... ds)
+      : alpha_(alpha_s), bout_(scaleout_bytes_per_s), members_(std::move(ds)...) {
+    if (!(alpha_s >= 0) || !(scaleout_bytes_per_s > 0))
+      throw error("best_of_decomposer needs alpha >= 0 and a positive scale-out bandwidth");
+  }
+
+  void decompose(const server_matrix& m, stage_list& out) {
+    best_ = -1;
+    reason_.clear();
+    double best_time = 0;
+    int i = 0;
+    auto try_one = [&](auto& dec) {
+      stage_list& mine = candidates_[i];
+      mine.max_bytes = out.max_bytes;
+      mine.extra_bytes_per_stage = out.extra_bytes_per_stage;
+      bool fits = true;
+      try {
+        dec.decompose(m, mine);
+      } catch (const plan_too_large&) {
+        fits = false; // another member may stay within the limit
+      }
+      double time = 0;
+      if (fits) {
+        for (bytes_t w : mine.weights) time += alpha_ + static_cast<double>(w) / bout_;
+        if (best_ < 0 || time < best_time) {
+          best_ = i;
+          best_time = time;
+        }
+      }
+      char buf[160];
+      if (fits)
+        std::snprintf(buf, sizeof buf, "%s%s %zu stages %.4g ms", reason_.empty() ? "" : ", ",
+                      std::remove_cvref_t<decltype(dec)>::name, mine.size(), time * 1e3);
+      else
+        std::snprintf(buf, sizeof buf, "%s%s over the size limit", reason_.empty() ? "" : ", ",
+                      std::remove_cvref_t<decltype(dec)>::name);
+      reason_ += buf;
+      names_[i] = std::remove_cvref_t<decltype(dec)>::name;
+      ++i;
+    };
+    std::apply([&](auto&... dec) { (try_one(dec), ...); }, members_);
+    if (best_ < 0)
+      throw plan_too_large("every decomposer of best-of exceeds the plan size limit (" + reason_ + ")");
+    reason_ = std::string("scale-out model (alpha ") + std::to_string(alpha_ * 1e6).substr(0, 5) +
+              " us per stage): " + reason_;
+    out.reset(m.rows());
+    std::swap(out.weights, candidates_[best_].weights);
+    std::swap(out.perms, candidates_[best_].perms);
+  }
+
+  /// Name of the decomposer whose stages the last call kept.
+  const char* chosen() const noexcept { return best_ < 0 ? name : names_[best_]; }
+  /// Why: every member's stage count and modelled scale-out time.
+  const std::string& reason() const noexcept { return reason_; }
+
+private:
+  double alpha_, bout_;
+  std::tuple<Ds...> members_;
+  stage_list candidates_[sizeof...(Ds)];
+  const char* names_[sizeof...(Ds)] = {};
+  int best_ = -1;
+  std::string reason_;
+};
+
+static_assert(Decomposer<best_of_decomposer<birkhoff_decomposer, spread_out_decomposer>>);
 
 } // namespace fasta2a

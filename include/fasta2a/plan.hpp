@@ -96,6 +96,7 @@ struct rank_op {
 /// stage index `stages()` holds nothing and the self and intra copies sit in stage 0.
 struct plan {
   std::string decomposer;  ///< name of the decomposer that made the stages ("birkhoff", ...)
+  std::string choice;      ///< why this schedule, where the planner chose (best-of, direct fallback)
   int servers = 0;
   int gpus_per_server = 0;
   bytes_t granule = 1;

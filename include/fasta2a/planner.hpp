@@ -3,7 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,11 @@ struct plan_options {
   /// The planner throws plan_too_large instead of building a plan larger than this (stages,
   /// pieces and the per-rank op index together).
   std::size_t max_plan_bytes = std::size_t{2} << 30;
+  /// When set (seconds per stage), the planner also predicts direct sending (alpha + the busiest
+  /// NIC's inter-server bytes / b_out) against the staged plan's scale-out phase (a sum of alpha +
+  /// weight / b_out over its stages), and builds the direct plan when that is faster: small
+  /// messages, where stage synchronisations cost more than the skew. plan::choice says why.
+  std::optional<double> direct_if_faster_alpha{};
 };
 
 /// Rail capacities of one server pair carrying V bytes over G rails: each rail gets the same
@@ -111,6 +118,7 @@ private:
     p.staged = D::staged;
     p.view = view;
     p.scaleup_bytes = 0;
+    p.choice.clear();
 
     // Phase 1's rail capacities depend only on each pair's total and diagonal, so every rank can
     // compute all of them cheaply: they give M (phase 2's input) and the staging layout.
@@ -121,6 +129,12 @@ private:
     stages_.extra_bytes_per_stage =
         (view < 0 ? static_cast<std::size_t>(n) : std::size_t{1}) * sizeof(std::uint32_t) + S * 4;
     dec_.decompose(m_, stages_);
+    if constexpr (requires { dec_.chosen(); dec_.reason(); }) {
+      p.decomposer = dec_.chosen();
+      p.choice = dec_.reason();
+    }
+    if (D::staged && opt_.direct_if_faster_alpha) choose_direct(p);
+    if (!p.staged) stages_.reset(S);
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
     p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
     const std::size_t T = p.stages();
@@ -145,7 +159,7 @@ private:
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         if (view >= 0 && s != home && d != home) continue;
-        if (s == d || !D::staged) emit_unstaged_pair(t, p, s, d);
+        if (s == d || !p.staged) emit_unstaged_pair(t, p, s, d);
         else emit_pair(t, p, s, d);
         check_size(p.pieces.size() * (sizeof(piece) + 6 * sizeof(rank_op)), "pieces");
       }
@@ -198,6 +212,16 @@ private:
     // Balance regions, then receive regions, per rail rank. Direct sending stages nothing.
     p.staging_bytes.assign(SG, 0);
     if (!D::staged) return;
+    if (opt_.direct_if_faster_alpha) {
+      // The busiest NIC under direct sending: each GPU's own inter-server bytes, out and in.
+      nic_.assign(2 * SG, 0);
+      for (std::size_t i = 0; i < SG; ++i)
+        for (std::size_t j = 0; j < SG; ++j)
+          if (i / G != j / G) {
+            nic_[i] += t.data()[i * ld + j];
+            nic_[SG + j] += t.data()[i * ld + j];
+          }
+    }
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d)
         for (int k = 0; k < G; ++k) {
@@ -212,6 +236,26 @@ private:
           in_base_[i] = p.staging_bytes[d * G + k];
           p.staging_bytes[d * G + k] += caps_[i];
         }
+  }
+
+  // Direct sending instead of the stages, if the model says it is faster (plan_options).
+  void choose_direct(plan& p) {
+    const double alpha = *opt_.direct_if_faster_alpha, bout = topo_.scaleout_bandwidth();
+    double staged = 0;
+    for (bytes_t w : stages_.weights) staged += alpha + static_cast<double>(w) / bout;
+    const bytes_t nic = nic_.empty() ? 0 : *std::max_element(nic_.begin(), nic_.end());
+    const double direct = nic > 0 ? alpha + static_cast<double>(nic) / bout : 0.0;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s%sdirect %.4g ms vs %s %zu stages %.4g ms (scale-out model, alpha %.3g us)",
+                  p.choice.c_str(), p.choice.empty() ? "" : "; ", direct * 1e3, p.decomposer.c_str(),
+                  stages_.size(), staged * 1e3, alpha * 1e6);
+    p.choice = buf;
+    if (direct < staged) {
+      p.staged = false;
+      p.decomposer = direct_decomposer::name;
+      p.choice += ": direct is faster";
+      std::fill(p.staging_bytes.begin(), p.staging_bytes.end(), 0);
+    }
   }
 
   static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
@@ -246,7 +290,7 @@ private:
       }
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d)
-        if (s != d && D::staged && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
+        if (s != d && p.staged && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
           throw error(std::string("decomposer '") + D::name + "' gave server pair (" +
                       std::to_string(s) + ", " + std::to_string(d) + ") " +
                       std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
@@ -476,6 +520,7 @@ private:
   std::vector<bytes_t> pair_weight_;
   std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
   std::vector<bytes_t> caps_, out_base_, in_base_; // servers x servers x G
+  std::vector<bytes_t> nic_;                        // per rank: inter-server bytes out, then in
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;
   detail::index_builder<static_gpus_v<Topo>> index_;
