@@ -110,7 +110,7 @@ private:
     const rank_t n = topo_.ranks();
     const int S = topo_.servers();
     const int G = gpus();
-    p.total_bytes = check_traffic(t, n);
+    if (t.rows() != n || t.cols() != n) check_traffic(t, n); // throws, naming both shapes
     p.decomposer = D::name;
     p.servers = S;
     p.gpus_per_server = G;
@@ -195,13 +195,26 @@ private:
     in_base_.assign(SSG, 0);
     if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
     const std::size_t ld = static_cast<std::size_t>(t.cols());
+    const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
+    if (nic) nic_.assign(2 * SG, 0);
+    // One pass over the matrix. Entries are non-negative, so if the total fits in 64 bits every
+    // row, column and block sum does too: only the total needs an overflow check.
+    bool overflow = false;
+    bytes_t total = 0;
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
-        if (s == d) continue;
         const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
         bytes_t v = 0;
         for (int a = 0; a < G; ++a)
-          for (int b = 0; b < G; ++b) v += blk[a * ld + b];
+          for (int b = 0; b < G; ++b) overflow |= __builtin_add_overflow(v, blk[a * ld + b], &v);
+        overflow |= __builtin_add_overflow(total, v, &total);
+        if (s == d) continue;
+        if (nic) // the busiest NIC under direct sending: each GPU's own inter-server bytes
+          for (int a = 0; a < G; ++a)
+            for (int b = 0; b < G; ++b) {
+              nic_[s * G + a] += blk[a * ld + b];
+              nic_[SG + d * G + b] += blk[a * ld + b];
+            }
         // Extra granules go to the rails with the most traffic that needs no scale-up hop.
         for (int k = 0; k < G; ++k) order_[k] = k;
         for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
@@ -209,19 +222,11 @@ private:
             std::swap(order_[j], order_[j - 1]);
         m_(s, d) = rail_capacities(v, G, opt_.granule, order_.data(), caps_.data() + (static_cast<std::size_t>(s) * S + d) * G);
       }
+    if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
+    p.total_bytes = total;
     // Balance regions, then receive regions, per rail rank. Direct sending stages nothing.
     p.staging_bytes.assign(SG, 0);
     if (!D::staged) return;
-    if (opt_.direct_if_faster_alpha) {
-      // The busiest NIC under direct sending: each GPU's own inter-server bytes, out and in.
-      nic_.assign(2 * SG, 0);
-      for (std::size_t i = 0; i < SG; ++i)
-        for (std::size_t j = 0; j < SG; ++j)
-          if (i / G != j / G) {
-            nic_[i] += t.data()[i * ld + j];
-            nic_[SG + j] += t.data()[i * ld + j];
-          }
-    }
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d)
         for (int k = 0; k < G; ++k) {

@@ -1,0 +1,501 @@
+// fasta2a: decomposers that make fewer stages than exact Birkhoff. Every stage costs a
+// synchronisation (alpha, 5-20 us on RDMA) and plan memory proportional to stages x ranks, so at
+// equal bytes fewer stages is a faster and smaller plan.
+//
+// - bottleneck_decomposer: exact (weights sum to L), each stage a maximum-bottleneck perfect
+//   matching of what is left, so every stage is as heavy as it can be.
+// - quantized_decomposer: not exact; entries are rounded up to a quantum q and decomposed in units
+//   of q, trading at most (S - 1)(q - 1) bytes of padding per rail for far fewer stages.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+#include "fasta2a/decompose.hpp"
+
+namespace fasta2a {
+namespace detail {
+
+/// ceil(v / unit) for unit >= 1.
+inline bytes_t units_of(bytes_t v, bytes_t unit) noexcept {
+  return unit == 1 ? v : v / unit + (v % unit != 0);
+}
+
+/// Fills `a` (n x n, row-major) with ceil(m(i, j) / unit) plus padding so that every row and every
+/// column sums to the same value, the largest line sum of the rounded matrix, which it returns (in
+/// units). With unit = 1 this is exactly birkhoff_decomposer's padding: padding goes on the
+/// diagonal first (a server idle in a stage costs nothing), then north-west corner over what is
+/// left. `row` and `col` are scratch. Throws fasta2a::error if a line sum overflows 64 bits.
+///
+/// Written here rather than shared because decompose.hpp keeps its padding private; the proposed
+/// merge is that birkhoff_decomposer::pad calls this with unit = 1.
+inline bytes_t pad_to_line_sum(const server_matrix& m, bytes_t unit, std::vector<bytes_t>& a,
+                               std::vector<bytes_t>& row, std::vector<bytes_t>& col) {
+  const int n = static_cast<int>(m.rows());
+  const std::size_t nn = static_cast<std::size_t>(n) * n;
+  a.resize(nn);
+  row.assign(n, 0);
+  col.assign(n, 0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      const bytes_t v = units_of(m(i, j), unit);
+      a[static_cast<std::size_t>(i) * n + j] = v;
+      row[i] = checked_add(row[i], v, "a row sum of the server matrix");
+      col[j] = checked_add(col[j], v, "a column sum of the server matrix");
+    }
+  bytes_t line = 0;
+  for (int i = 0; i < n; ++i) line = std::max({line, row[i], col[i]});
+  for (int i = 0; i < n; ++i) {
+    row[i] = line - row[i];
+    col[i] = line - col[i];
+    const bytes_t d = std::min(row[i], col[i]);
+    a[static_cast<std::size_t>(i) * n + i] += d;
+    row[i] -= d;
+    col[i] -= d;
+  }
+  // Row and column deficits now have equal totals, so the corner walk ends with both exhausted.
+  for (int i = 0, j = 0; i < n && j < n;) {
+    const bytes_t d = std::min(row[i], col[j]);
+    a[static_cast<std::size_t>(i) * n + j] += d;
+    row[i] -= d;
+    col[j] -= d;
+    if (row[i] == 0) ++i;
+    else ++j;
+  }
+  return line;
+}
+
+/// Bottleneck Birkhoff-von Neumann peeling of a square matrix whose lines all sum to the same
+/// value: each stage is a perfect matching of the support that maximises its smallest entry, and
+/// is weighted by that entry. Shared by both decomposers of this header.
+///
+/// Why it is fast. Peeling only lowers entries, so the best bottleneck theta never rises from one
+/// stage to the next: theta sweeps down once over the whole decomposition, and the matching
+/// survives between stages. The graph of entries >= theta is kept as bit rows; entries below
+/// theta wait in one max-heap per row and join the bit rows when theta falls to them (each entry
+/// joins once per time it falls below theta, so this costs O(log S) per entry and stage touched).
+/// After a stage only rows whose matched entry fell below theta are unmatched, and each is
+/// re-matched by a breadth-first search on the bit rows (64 columns per word). When a search
+/// fails, no perfect matching of entries >= theta exists (a perfect matching would contain an
+/// augmenting path from every unmatched row, and every other matched entry is >= theta), so theta
+/// drops to the largest waiting entry of the rows the search reached and the search resumes. So
+/// when all rows are matched theta is the best bottleneck and the smallest matched entry equals it.
+class bottleneck_peeler {
+public:
+  /// Pads m in units of `unit` (see pad_to_line_sum) and peels it into `out` with weights in bytes
+  /// (units x unit). Weights are multiples of unit and sum to the padded line sum; each stage is a
+  /// partial permutation (perm[s] = -1 where s is matched to itself, i.e. idle). Throws
+  /// fasta2a::error if the padded line sum in bytes overflows 64 bits, plan_too_large from
+  /// stage_list::add.
+  void decompose(const server_matrix& m, bytes_t unit, stage_list& out) {
+    n_ = static_cast<int>(m.rows());
+    out.reset(n_);
+    searches_ = 0;
+    if (n_ == 0) return;
+    const bytes_t line = pad_to_line_sum(m, unit, a_, row_, col_);
+    if (line == 0) return;
+    checked_mul(line, unit, "the quantised line sum"); // every weight is at most this
+    const std::size_t n = static_cast<std::size_t>(n_);
+    words_ = (n + 63) / 64;
+    bits_.assign(n * words_, 0);
+    free_mask_.assign(words_, 0);
+    for (std::size_t j = 0; j < n; ++j) free_mask_[j / 64] |= std::uint64_t{1} << (j % 64);
+    seen_.resize(words_);
+    heap_.resize(n * n);
+    heap_size_.assign(n, 0);
+    top_.assign(n, 0);
+    queue_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      waiting* h = &heap_[i * n];
+      std::size_t k = 0;
+      for (std::size_t j = 0; j < n; ++j)
+        if (const bytes_t v = a_[i * n + j]; v > 0) h[k++] = {v, static_cast<int>(j)};
+      std::make_heap(h, h + k);
+      heap_size_[i] = k;
+      top_[i] = k > 0 ? h[0].value : 0;
+    }
+    match_.assign(n, -1);
+    owner_.assign(n, -1);
+    parent_.resize(n);
+    perm_.resize(n);
+    theta_ = ~bytes_t{0}; // nothing is in the graph until the first search lowers theta
+    for (int r = 0; r < n_; ++r) rematch(r);
+    bytes_t remaining = line;
+    for (;;) {
+      const bytes_t w = theta_;
+      for (int i = 0; i < n_; ++i) perm_[i] = match_[i] == i ? -1 : match_[i];
+      out.add(w * unit, perm_);
+      remaining -= w;
+      if (remaining == 0) break;
+      free_.clear();
+      for (int i = 0; i < n_; ++i) {
+        const int j = match_[i];
+        bytes_t& e = at(i, j);
+        e -= w;
+        if (e >= theta_) continue;
+        owner_[j] = -1;
+        match_[i] = -1;
+        free_.push_back(i);
+        flip_bit(free_mask_.data(), j);
+        flip_bit(&bits_[static_cast<std::size_t>(i) * words_], j);
+        if (e > 0) push(i, {e, j});
+      }
+      for (int r : free_) rematch(r);
+    }
+  }
+
+  /// Augmenting-path searches of the last decompose (for measurement).
+  std::size_t searches() const noexcept { return searches_; }
+
+private:
+  struct waiting {
+    bytes_t value;
+    int col;
+    friend bool operator<(const waiting& x, const waiting& y) noexcept {
+      return x.value != y.value ? x.value < y.value : x.col > y.col; // ties: lower column first
+    }
+  };
+
+  bytes_t& at(int i, int j) noexcept { return a_[static_cast<std::size_t>(i) * n_ + j]; }
+  static void flip_bit(std::uint64_t* w, int j) noexcept { w[j / 64] ^= std::uint64_t{1} << (j % 64); }
+
+  void push(int i, waiting x) {
+    waiting* h = &heap_[static_cast<std::size_t>(i) * n_];
+    h[heap_size_[i]++] = x;
+    std::push_heap(h, h + heap_size_[i]);
+    top_[i] = h[0].value;
+  }
+
+  // Lowers theta to v: every waiting entry >= v joins the graph. The heap tops are kept in one
+  // contiguous array so that rows with nothing to add cost one compare.
+  void lower(bytes_t v) {
+    theta_ = v;
+    for (int i = 0; i < n_; ++i) {
+      if (top_[i] < v) continue;
+      waiting* h = &heap_[static_cast<std::size_t>(i) * n_];
+      std::uint64_t* b = &bits_[static_cast<std::size_t>(i) * words_];
+      std::size_t& k = heap_size_[i];
+      while (k > 0 && h[0].value >= v) {
+        flip_bit(b, h[0].col);
+        std::pop_heap(h, h + k);
+        --k;
+      }
+      top_[i] = k > 0 ? h[0].value : 0;
+    }
+  }
+
+  // Matches free row r, lowering theta as far as it must.
+  void rematch(int r) {
+    // Most rows find a free column in their own bit row: no search needed.
+    const std::uint64_t* b = &bits_[static_cast<std::size_t>(r) * words_];
+    for (std::size_t wd = 0; wd < words_; ++wd)
+      if (const std::uint64_t hit = b[wd] & free_mask_[wd]; hit != 0) {
+        const int j = static_cast<int>(wd * 64) + __builtin_ctzll(hit);
+        match_[r] = j;
+        owner_[j] = r;
+        flip_bit(free_mask_.data(), j);
+        return;
+      }
+    while (!augment(r)) {
+      bytes_t next = 0;
+      for (std::size_t q = 0; q < queued_; ++q) next = std::max(next, top_[queue_[q]]);
+      if (next == 0)
+        throw error("internal error: bottleneck decomposition found no perfect matching "
+                    "(the padded matrix is not doubly stochastic)");
+      lower(next);
+    }
+  }
+
+  // Breadth-first augmenting path from free row r in the graph of entries >= theta, a word of
+  // columns at a time; stops at the first free column reached. queue_[0, queued_) keeps the rows
+  // reached (each at most once, so n slots suffice).
+  bool augment(int r) {
+    ++searches_;
+    const std::size_t words = words_;
+    std::uint64_t* seen = seen_.data();
+    const std::uint64_t* free_mask = free_mask_.data();
+    int* queue = queue_.data();
+    std::fill(seen, seen + words, 0);
+    std::size_t tail = 0;
+    queue[tail++] = r;
+    for (std::size_t q = 0; q < tail; ++q) {
+      const int i = queue_[q];
+      const std::uint64_t* b = &bits_[static_cast<std::size_t>(i) * words];
+      for (std::size_t wd = 0; wd < words; ++wd) {
+        std::uint64_t fresh = b[wd] & ~seen[wd];
+        if (fresh == 0) continue;
+        if (const std::uint64_t hit = fresh & free_mask[wd]; hit != 0) {
+          const int j = static_cast<int>(wd * 64) + __builtin_ctzll(hit);
+          parent_[j] = i;
+          flip(r, j);
+          flip_bit(free_mask_.data(), j);
+          return true;
+        }
+        seen[wd] |= fresh;
+        for (; fresh != 0; fresh &= fresh - 1) {
+          const int j = static_cast<int>(wd * 64) + __builtin_ctzll(fresh);
+          parent_[j] = i;
+          queue[tail++] = owner_[j];
+        }
+      }
+    }
+    queued_ = tail;
+    return false;
+  }
+
+  // Flips the augmenting path that ends at free column j back to row r.
+  void flip(int r, int j) {
+    for (;;) {
+      const int pi = parent_[j];
+      const int next = match_[pi];
+      match_[pi] = j;
+      owner_[j] = pi;
+      if (pi == r) return;
+      j = next;
+    }
+  }
+
+  int n_ = 0;
+  std::size_t words_ = 0;
+  bytes_t theta_ = 0;
+  std::size_t searches_ = 0;
+  std::size_t queued_ = 0;
+  std::vector<bytes_t> a_, row_, col_, top_;
+  std::vector<std::uint64_t> bits_, free_mask_, seen_;
+  std::vector<waiting> heap_;
+  std::vector<std::size_t> heap_size_;
+  std::vector<int> match_, owner_, parent_, free_, queue_;
+  std::vector<std::int32_t> perm_;
+};
+
+} // namespace detail
+
+/// Exact bottleneck Birkhoff-von Neumann decomposition. Pads M so every line sums to L (the same
+/// padding as birkhoff_decomposer), then repeatedly takes a perfect matching of what is left whose
+/// smallest entry is as large as possible, weighted by that entry. Promises: weights sum to exactly
+/// L; at most S^2 - 2S + 2 stages; each stage a partial permutation (idle servers are -1); every
+/// pair (s, d) gets at least M(s, d) bytes of stages in which s sends to d; the same matrix gives
+/// the same stages. Heavy stages use up the large entries (the padding of idle servers, the hot
+/// pairs) together instead of one at a time, so skewed traffic needs far fewer stages than with
+/// arbitrary matchings (Zipf(1.0): 385 instead of 1521 at S = 40). It is a heuristic for the
+/// fewest stages (finding those is NP-hard): on a few matrices a tie broken differently costs a
+/// stage more than birkhoff_decomposer, and a matrix of distinct random values needs about
+/// S^2 - 2S + 2 stages whatever the method. Storage (about 24 S^2 bytes) is reused across calls.
+class bottleneck_decomposer {
+public:
+  static constexpr const char* name = "bottleneck";
+  static constexpr bool staged = true;
+  static constexpr bool exact = true;
+
+  /// Decomposes m into out (out's size limit applies; plan_too_large past it).
+  void decompose(const server_matrix& m, stage_list& out) { peel_.decompose(m, 1, out); }
+
+  /// Augmenting-path searches of the last call (for measurement).
+  std::size_t searches() const noexcept { return peel_.searches(); }
+
+private:
+  detail::bottleneck_peeler peel_;
+};
+
+/// Quantised bottleneck decomposition. Every entry of M is rounded up to a multiple of the quantum
+/// q, the result is padded to equal line sums L_q and decomposed in units of q with the bottleneck
+/// rule. Promises: weights are multiples of q (at least q each) and sum to L_q; L <= L_q <= L +
+/// (S - 1)(q - 1) and L_q is a multiple of q (a row gains less than q per entry it rounds, and a
+/// server has at most S - 1 peers); at most min(S^2 - 2S + 2, L_q / q) stages; each stage a partial
+/// permutation; every pair (s, d) gets at least M(s, d) bytes of its stages. L_q is also the least
+/// any decomposition with weights in multiples of q can reach, since pair (s, d) needs a multiple
+/// of q of at least M(s, d).
+///
+/// The quantum is fixed (constructor with q >= 1), or chosen per matrix by choose_quantum from the
+/// per-stage cost alpha and the scale-out bandwidth (q = 0, or the (alpha, bandwidth) constructor);
+/// choosing decomposes up to ten candidates, so it costs a few times one exact decomposition (the
+/// winner's stages are kept, not recomputed).
+class quantized_decomposer {
+public:
+  static constexpr const char* name = "quantized";
+  static constexpr bool staged = true;
+  static constexpr bool exact = false;
+
+  /// What quantum 0 assumes: cost_params' default alpha and an H200 NIC (h200_links).
+  static constexpr double default_alpha_s = 10e-6;
+  static constexpr double default_scaleout_bytes_per_s = 50e9;
+  /// choose_quantum counts a candidate's stages by decomposing it when S <= exact_count_servers,
+  /// or when its stage bound L_q / q times S^2 is at most exact_count_work (a decomposition costs
+  /// about S^2 per stage, so this caps the time spent counting); otherwise the count is taken as
+  /// its upper bound min(S^2 - 2S + 2, L_q / q), which is close for coarse quanta (most of their
+  /// stages are one unit) and pessimistic for fine ones.
+  static constexpr int exact_count_servers = 64;
+  static constexpr double exact_count_work = 67108864.0; // 2^26
+
+  /// Fixed quantum q bytes; q = 0 chooses per matrix with default_alpha_s and
+  /// default_scaleout_bytes_per_s.
+  explicit quantized_decomposer(bytes_t quantum = 0)
+      : quantum_(quantum), alpha_s_(default_alpha_s), bandwidth_(default_scaleout_bytes_per_s) {}
+
+  /// Chooses the quantum per matrix for a per-stage cost of alpha_s seconds and a scale-out
+  /// bandwidth of scaleout_bytes_per_s per NIC. Throws fasta2a::error unless alpha_s >= 0 and the
+  /// bandwidth > 0, both finite.
+  quantized_decomposer(double alpha_s, double scaleout_bytes_per_s)
+      : quantum_(0), alpha_s_(alpha_s), bandwidth_(scaleout_bytes_per_s) {
+    check_costs(alpha_s, scaleout_bytes_per_s);
+  }
+
+  /// The fixed quantum, or 0 when it is chosen per matrix.
+  bytes_t quantum() const noexcept { return quantum_; }
+  /// The quantum the last decompose used (0 before the first call).
+  bytes_t last_quantum() const noexcept { return last_quantum_; }
+
+  /// Decomposes m into out (out's size limit applies; plan_too_large past it).
+  void decompose(const server_matrix& m, stage_list& out) {
+    if (quantum_ != 0) {
+      last_quantum_ = quantum_;
+      peel_.decompose(m, quantum_, out);
+      return;
+    }
+    const bool counted = choose(m, alpha_s_, bandwidth_);
+    last_quantum_ = chosen_;
+    if (!counted) {
+      peel_.decompose(m, chosen_, out);
+      return;
+    }
+    out.reset(static_cast<int>(m.rows()));
+    for (std::size_t t = 0; t < best_.size(); ++t) out.add(best_.weights[t], best_.perm(t));
+  }
+
+  /// L_q: the largest line sum of m with every entry rounded up to a multiple of q (q >= 1), which
+  /// is what the stage weights of quantum q sum to. Throws fasta2a::error if q is 0 or L_q
+  /// overflows 64 bits.
+  static bytes_t padded_line_sum(const server_matrix& m, bytes_t q) {
+    if (q == 0) throw error("quantized_decomposer: the quantum must be at least 1 byte");
+    std::vector<bytes_t> col;
+    return detail::checked_mul(line_units(m, q, col), q, "the quantised line sum");
+  }
+
+  /// The quantum for m that minimises the modelled scale-out time L_q / b_out + alpha x stages(q)
+  /// over a ladder of candidates: q = 1 (exact) and L / 2^k for k = 2..10, each rounded down to a
+  /// power of two (so that a power-of-two granule divides it). That is the balance the padding
+  /// strikes: a coarser q pays padding (at most (S - 1)(q - 1) bytes per rail, L_q / b_out) to
+  /// save stages (alpha each). Stages are counted by decomposing the candidate, or bounded for
+  /// large S (see exact_count_servers); a candidate whose lower bound
+  /// (L_q / b_out + alpha x the most non-zero entries in a line) cannot beat the best so far is
+  /// skipped. Ties go to the coarser quantum. Returns 1 for a zero matrix. Throws fasta2a::error
+  /// unless alpha_s >= 0 and the bandwidth > 0, both finite.
+  static bytes_t choose_quantum(const server_matrix& m, double alpha_s, double scaleout_bytes_per_s) {
+    check_costs(alpha_s, scaleout_bytes_per_s);
+    quantized_decomposer d(alpha_s, scaleout_bytes_per_s);
+    d.choose(m, alpha_s, scaleout_bytes_per_s);
+    return d.chosen_;
+  }
+
+private:
+  static void check_costs(double alpha_s, double bandwidth) {
+    if (!std::isfinite(alpha_s) || alpha_s < 0)
+      throw error("quantized_decomposer: alpha must be a finite, non-negative number of seconds, got " +
+                  std::to_string(alpha_s));
+    if (!std::isfinite(bandwidth) || bandwidth <= 0)
+      throw error("quantized_decomposer: the scale-out bandwidth must be finite and positive, got " +
+                  std::to_string(bandwidth));
+  }
+
+  // Largest line sum of ceil(m / q), in units of q; `col` is scratch.
+  static bytes_t line_units(const server_matrix& m, bytes_t q, std::vector<bytes_t>& col) {
+    const int n = static_cast<int>(m.rows());
+    col.assign(n, 0);
+    bytes_t line = 0;
+    for (int i = 0; i < n; ++i) {
+      bytes_t row = 0;
+      for (int j = 0; j < n; ++j) {
+        const bytes_t v = detail::units_of(m(i, j), q);
+        row = detail::checked_add(row, v, "a row sum of the server matrix");
+        col[j] = detail::checked_add(col[j], v, "a column sum of the server matrix");
+      }
+      line = std::max(line, row);
+    }
+    for (int j = 0; j < n; ++j) line = std::max(line, col[j]);
+    return line;
+  }
+
+  static bytes_t floor_pow2(bytes_t v) noexcept {
+    return v == 0 ? 0 : bytes_t{1} << (63 - __builtin_clzll(v));
+  }
+
+  // Sets chosen_. Returns true when best_ holds the stages of chosen_ (they were counted by
+  // decomposing), so decompose need not run again.
+  bool choose(const server_matrix& m, double alpha_s, double bandwidth) {
+    const int n = static_cast<int>(m.rows());
+    const bytes_t L = max_line_sum(m);
+    chosen_ = 1;
+    best_.reset(n);
+    if (L == 0) return true;
+    // Every stage serves at most one entry of a line, so the busiest line's non-zero count bounds
+    // the stages of any quantum from below.
+    std::size_t min_stages = 1;
+    col_nz_.assign(n, 0);
+    for (int i = 0; i < n; ++i) {
+      std::size_t nz = 0;
+      for (int j = 0; j < n; ++j)
+        if (i != j && m(i, j) != 0) {
+          ++nz;
+          ++col_nz_[j];
+        }
+      min_stages = std::max(min_stages, nz);
+    }
+    for (int j = 0; j < n; ++j) min_stages = std::max(min_stages, col_nz_[j]);
+    const std::size_t max_stages = static_cast<std::size_t>(n) * n - 2 * static_cast<std::size_t>(n) + 2;
+
+    // Coarse first: coarse candidates are cheap to decompose and their cost prunes the fine ones.
+    ladder_.clear();
+    for (int k = 2; k <= 10; ++k)
+      if (const bytes_t q = floor_pow2(L >> k); q > 1 && (ladder_.empty() || ladder_.back() != q))
+        ladder_.push_back(q);
+    ladder_.push_back(1);
+
+    double best_cost = 0;
+    bool have = false, counted = false;
+    for (const bytes_t q : ladder_) {
+      const bytes_t lq = detail::checked_mul(line_units(m, q, col_), q, "the quantised line sum");
+      const double bytes_s = static_cast<double>(lq) / bandwidth;
+      if (have && bytes_s + alpha_s * static_cast<double>(min_stages) >= best_cost) continue;
+      std::size_t stages;
+      const bool count = n <= exact_count_servers ||
+                         static_cast<double>(lq / q) * n * n <= exact_count_work;
+      if (count) {
+        // Unlimited scratch list: the caller's size limit applies when the winner is copied out.
+        trial_.max_bytes = ~std::size_t{0};
+        peel_.decompose(m, q, trial_);
+        stages = trial_.size();
+      } else {
+        stages = std::min<std::size_t>(max_stages, lq / q);
+      }
+      const double cost = bytes_s + alpha_s * static_cast<double>(stages);
+      if (!have || cost < best_cost) {
+        have = true;
+        best_cost = cost;
+        chosen_ = q;
+        counted = count;
+        if (count) std::swap(best_, trial_);
+      }
+    }
+    return counted;
+  }
+
+  bytes_t quantum_;
+  double alpha_s_;
+  double bandwidth_;
+  bytes_t last_quantum_ = 0;
+  bytes_t chosen_ = 1;
+  detail::bottleneck_peeler peel_;
+  stage_list best_, trial_;
+  std::vector<bytes_t> col_, ladder_;
+  std::vector<std::size_t> col_nz_;
+};
+
+static_assert(Decomposer<bottleneck_decomposer>);
+static_assert(Decomposer<quantized_decomposer>);
+
+} // namespace fasta2a
