@@ -64,6 +64,56 @@ concept Decomposer = requires(D& d, const server_matrix& m, stage_list& out) {
   d.decompose(m, out);
 };
 
+namespace detail {
+
+/// ceil(v / unit) for unit >= 1.
+inline bytes_t units_of(bytes_t v, bytes_t unit) noexcept {
+  return unit == 1 ? v : v / unit + (v % unit != 0);
+}
+
+/// Fills `a` (n x n, row-major) with ceil(m(i, j) / unit) plus padding so that every row and every
+/// column sums to the same value, the largest line sum of the rounded matrix, which it returns (in
+/// units). With unit = 1 this is exactly birkhoff_decomposer's padding: padding goes on the
+/// diagonal first (a server idle in a stage costs nothing), then north-west corner over what is
+/// left. `row` and `col` are scratch. Throws fasta2a::error if a line sum overflows 64 bits.
+inline bytes_t pad_to_line_sum(const server_matrix& m, bytes_t unit, std::vector<bytes_t>& a,
+                               std::vector<bytes_t>& row, std::vector<bytes_t>& col) {
+  const int n = static_cast<int>(m.rows());
+  const std::size_t nn = static_cast<std::size_t>(n) * n;
+  a.resize(nn);
+  row.assign(n, 0);
+  col.assign(n, 0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      const bytes_t v = units_of(m(i, j), unit);
+      a[static_cast<std::size_t>(i) * n + j] = v;
+      row[i] = checked_add(row[i], v, "a row sum of the server matrix");
+      col[j] = checked_add(col[j], v, "a column sum of the server matrix");
+    }
+  bytes_t line = 0;
+  for (int i = 0; i < n; ++i) line = std::max({line, row[i], col[i]});
+  for (int i = 0; i < n; ++i) {
+    row[i] = line - row[i];
+    col[i] = line - col[i];
+    const bytes_t d = std::min(row[i], col[i]);
+    a[static_cast<std::size_t>(i) * n + i] += d;
+    row[i] -= d;
+    col[i] -= d;
+  }
+  // Row and column deficits now have equal totals, so the corner walk ends with both exhausted.
+  for (int i = 0, j = 0; i < n && j < n;) {
+    const bytes_t d = std::min(row[i], col[j]);
+    a[static_cast<std::size_t>(i) * n + j] += d;
+    row[i] -= d;
+    col[j] -= d;
+    if (row[i] == 0) ++i;
+    else ++j;
+  }
+  return line;
+}
+
+} // namespace detail
+
 /// Largest row or column sum of a server matrix: L, the per-rail bytes of the busiest server.
 inline bytes_t max_line_sum(const server_matrix& m) {
   bytes_t l = 0;
@@ -119,39 +169,12 @@ public:
 private:
   std::size_t idx(int i, int j) const noexcept { return static_cast<std::size_t>(i) * n_ + j; }
 
-  // a_ = m + padding, every line summing to L. Padding goes on the diagonal first (a server idle
-  // in a stage costs nothing), then north-west corner.
+  // a_ = m + padding, every line summing to L (diagonal first: a server idle in a stage costs
+  // nothing).
   void pad(const server_matrix& m) {
     n_ = static_cast<int>(m.rows());
-    a_.assign(static_cast<std::size_t>(n_) * n_, 0);
-    row_.assign(n_, 0);
-    col_.assign(n_, 0);
+    line_ = detail::pad_to_line_sum(m, 1, a_, row_, col_);
     perm_.assign(n_, -1);
-    for (int i = 0; i < n_; ++i)
-      for (int j = 0; j < n_; ++j) {
-        bytes_t v = m(i, j);
-        a_[idx(i, j)] = v;
-        row_[i] += v;
-        col_[j] += v;
-      }
-    line_ = 0;
-    for (int i = 0; i < n_; ++i) line_ = std::max({line_, row_[i], col_[i]});
-    for (int i = 0; i < n_; ++i) {
-      row_[i] = line_ - row_[i];
-      col_[i] = line_ - col_[i];
-      bytes_t d = std::min(row_[i], col_[i]);
-      a_[idx(i, i)] += d;
-      row_[i] -= d;
-      col_[i] -= d;
-    }
-    for (int i = 0, j = 0; i < n_ && j < n_;) {
-      bytes_t d = std::min(row_[i], col_[j]);
-      a_[idx(i, j)] += d;
-      row_[i] -= d;
-      col_[j] -= d;
-      if (row_[i] == 0) ++i;
-      else ++j;
-    }
   }
 
   // Kuhn's augmenting path from free row r, breadth-first so the repair touches few rows.

@@ -21,55 +21,6 @@
 namespace fasta2a {
 namespace detail {
 
-/// ceil(v / unit) for unit >= 1.
-inline bytes_t units_of(bytes_t v, bytes_t unit) noexcept {
-  return unit == 1 ? v : v / unit + (v % unit != 0);
-}
-
-/// Fills `a` (n x n, row-major) with ceil(m(i, j) / unit) plus padding so that every row and every
-/// column sums to the same value, the largest line sum of the rounded matrix, which it returns (in
-/// units). With unit = 1 this is exactly birkhoff_decomposer's padding: padding goes on the
-/// diagonal first (a server idle in a stage costs nothing), then north-west corner over what is
-/// left. `row` and `col` are scratch. Throws fasta2a::error if a line sum overflows 64 bits.
-///
-/// Written here rather than shared because decompose.hpp keeps its padding private; the proposed
-/// merge is that birkhoff_decomposer::pad calls this with unit = 1.
-inline bytes_t pad_to_line_sum(const server_matrix& m, bytes_t unit, std::vector<bytes_t>& a,
-                               std::vector<bytes_t>& row, std::vector<bytes_t>& col) {
-  const int n = static_cast<int>(m.rows());
-  const std::size_t nn = static_cast<std::size_t>(n) * n;
-  a.resize(nn);
-  row.assign(n, 0);
-  col.assign(n, 0);
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      const bytes_t v = units_of(m(i, j), unit);
-      a[static_cast<std::size_t>(i) * n + j] = v;
-      row[i] = checked_add(row[i], v, "a row sum of the server matrix");
-      col[j] = checked_add(col[j], v, "a column sum of the server matrix");
-    }
-  bytes_t line = 0;
-  for (int i = 0; i < n; ++i) line = std::max({line, row[i], col[i]});
-  for (int i = 0; i < n; ++i) {
-    row[i] = line - row[i];
-    col[i] = line - col[i];
-    const bytes_t d = std::min(row[i], col[i]);
-    a[static_cast<std::size_t>(i) * n + i] += d;
-    row[i] -= d;
-    col[i] -= d;
-  }
-  // Row and column deficits now have equal totals, so the corner walk ends with both exhausted.
-  for (int i = 0, j = 0; i < n && j < n;) {
-    const bytes_t d = std::min(row[i], col[j]);
-    a[static_cast<std::size_t>(i) * n + j] += d;
-    row[i] -= d;
-    col[j] -= d;
-    if (row[i] == 0) ++i;
-    else ++j;
-  }
-  return line;
-}
-
 /// Bottleneck Birkhoff-von Neumann peeling of a square matrix whose lines all sum to the same
 /// value: each stage is a perfect matching of the support that maximises its smallest entry, and
 /// is weighted by that entry. Shared by both decomposers of this header.
