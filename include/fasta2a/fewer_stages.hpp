@@ -266,6 +266,12 @@ private:
 /// per-stage cost alpha and the scale-out bandwidth (q = 0, or the (alpha, bandwidth) constructor);
 /// choosing decomposes up to ten candidates, so it costs a few times one exact decomposition (the
 /// winner's stages are kept, not recomputed).
+/// How quantized_decomposer picks a quantum per matrix.
+enum class quantum_rule {
+  search,  ///< try a ladder of quanta, decomposing each: best model time, costs several decompositions
+  formula, ///< closed form q = sqrt(alpha b_out L / (S - 1)): one decomposition, for per-call planning
+};
+
 class quantized_decomposer {
 public:
   static constexpr const char* name = "quantized";
@@ -291,9 +297,22 @@ public:
   /// Chooses the quantum per matrix for a per-stage cost of alpha_s seconds and a scale-out
   /// bandwidth of scaleout_bytes_per_s per NIC. Throws fasta2a::error unless alpha_s >= 0 and the
   /// bandwidth > 0, both finite.
-  quantized_decomposer(double alpha_s, double scaleout_bytes_per_s)
-      : quantum_(0), alpha_s_(alpha_s), bandwidth_(scaleout_bytes_per_s) {
+  quantized_decomposer(double alpha_s, double scaleout_bytes_per_s, quantum_rule rule = quantum_rule::search)
+      : quantum_(0), alpha_s_(alpha_s), bandwidth_(scaleout_bytes_per_s), rule_(rule) {
     check_costs(alpha_s, scaleout_bytes_per_s);
+  }
+
+  /// The closed-form quantum: with at most (S - 1)(q - 1) bytes of padding per rail and at most
+  /// about L / q stages, the modelled scale-out time (L + (S - 1) q) / b_out + alpha L / q is
+  /// smallest at q = sqrt(alpha b_out L / (S - 1)); rounded down to a power of two (so that a
+  /// power-of-two granule divides it), at least 1.
+  static bytes_t formula_quantum(const server_matrix& m, double alpha_s, double scaleout_bytes_per_s) {
+    check_costs(alpha_s, scaleout_bytes_per_s);
+    const auto n = static_cast<double>(m.rows());
+    const double L = static_cast<double>(max_line_sum(m));
+    if (n < 2 || L == 0 || alpha_s == 0) return 1;
+    const double q = std::sqrt(alpha_s * scaleout_bytes_per_s * L / (n - 1));
+    return q < 2 ? 1 : floor_pow2(static_cast<bytes_t>(std::min(q, 9.2e18)));
   }
 
   /// The fixed quantum, or 0 when it is chosen per matrix.
@@ -306,6 +325,11 @@ public:
     if (quantum_ != 0) {
       last_quantum_ = quantum_;
       peel_.decompose(m, quantum_, out);
+      return;
+    }
+    if (rule_ == quantum_rule::formula) {
+      last_quantum_ = formula_quantum(m, alpha_s_, bandwidth_);
+      peel_.decompose(m, last_quantum_, out);
       return;
     }
     const bool counted = choose(m, alpha_s_, bandwidth_);
@@ -438,6 +462,7 @@ private:
   bytes_t quantum_;
   double alpha_s_;
   double bandwidth_;
+  quantum_rule rule_ = quantum_rule::search;
   bytes_t last_quantum_ = 0;
   bytes_t chosen_ = 1;
   detail::bottleneck_peeler peel_;

@@ -396,9 +396,20 @@ private:
     int spill = 0;
     const bytes_t* weight = p.stage_weight.data();
     std::size_t* cursor = cursor_.data();
-    bytes_t* used = used_.data();
+    bytes_t* cum = used_.data(); // per rail: cumulative weight through its current stage
+    // Rail k's stream of this pair fills the pair's stages in order: byte position P of the
+    // stream rides the stage whose cumulative weight range holds P. A chunk no piece of which the
+    // view keeps only advances the stream (O(1)); the others walk the stages they span.
     auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) FASTA2A_INLINE {
       if (bytes == 0) return;
+      const rank_t rs = s * G + k, rd = d * G + k;
+      bytes_t pos = railpos[k];
+      const bytes_t end = pos + bytes;
+      railpos[k] = end;
+      if (!(view < 0 || view == src || view == dst || view == rs || view == rd)) {
+        off += bytes;
+        return;
+      }
       const int a = src - s * G, b = dst - d * G;
       // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not. A
       // rank's view counts the bytes of its own pieces only.
@@ -407,29 +418,21 @@ private:
         for (int h = 0; h < hops; ++h)
           p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
       }
-      while (bytes > 0) {
-        if (cursor[k] >= nstages)
-          throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
-                      std::to_string(s) + ", " + std::to_string(d) + ") ran out of stages");
-        const std::int32_t st = stages[cursor[k]];
-        const bytes_t room = weight[st] - used[k];
-        if (room == 0) {
-          ++cursor[k];
-          used[k] = 0;
-          continue;
+      while (pos < end) {
+        while (cum[k] <= pos) {
+          if (cursor[k] >= nstages)
+            throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
+                        std::to_string(s) + ", " + std::to_string(d) + ") ran out of stages");
+          cum[k] += weight[stages[cursor[k]++]];
         }
-        const bytes_t x = std::min(bytes, room);
-        const rank_t rs = s * G + k, rd = d * G + k;
-        if (view < 0 || view == src || view == dst || view == rs || view == rd) {
-          piece pc{src, dst, off, x, st, k, rs == src ? no_staging : out_base[k] + railpos[k],
-                   rd == dst ? no_staging : in_base[k] + railpos[k]};
-          index_.add(pc);
-          p.pieces.push_back(pc);
-        }
-        railpos[k] += x;
-        used[k] += x;
+        const std::int32_t st = stages[cursor[k] - 1];
+        const bytes_t x = std::min(end, cum[k]) - pos;
+        piece pc{src, dst, off, x, st, k, rs == src ? no_staging : out_base[k] + pos,
+                 rd == dst ? no_staging : in_base[k] + pos};
+        index_.add(pc);
+        p.pieces.push_back(pc);
+        pos += x;
         off += x;
-        bytes -= x;
       }
     };
     auto spill_rest = [&](rank_t src, rank_t dst, bytes_t left, bytes_t& off) {
