@@ -398,3 +398,28 @@ TEST_CASE("cost_model.fewer_stages_pay_off_as_alpha_grows") {
     }
   }
 }
+
+TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {
+  std::mt19937_64 rng(31337);
+  quantized_decomposer dec; // quantum 0: the closed-form rule at alpha 10 us, 50 GB/s
+  stage_list out;
+  for (int iter = 0; iter < 300; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 30);
+    server_matrix m = server_matrix::Zero(S, S);
+    for (int i = 0; i < S; ++i)
+      for (int j = 0; j < S; ++j)
+        if (i != j && rng() % 4 != 0) m(i, j) = rng() % (bytes_t{1} << (10 + rng() % 24));
+    dec.decompose(m, out);
+    const bytes_t q = dec.last_quantum();
+    CHECK(q == quantized_decomposer::formula_quantum(m, 10e-6, 50e9));
+    CHECK((q >= 1 && std::has_single_bit(q)));
+    const coverage_report r = check_stages(m, out);
+    CHECK(r.permutations);
+    CHECK(r.covered);
+    CHECK(r.total == quantized_decomposer::padded_line_sum(m, q));
+  }
+  // alpha = 0: stages cost nothing, so no padding is worth it.
+  server_matrix m = server_matrix::Constant(6, 6, 12345);
+  m.diagonal().setZero();
+  CHECK(quantized_decomposer::formula_quantum(m, 0.0, 50e9) == 1);
+}

@@ -290,9 +290,10 @@ public:
   static constexpr double exact_count_work = 67108864.0; // 2^26
 
   /// Fixed quantum q bytes; q = 0 chooses per matrix with default_alpha_s and
-  /// default_scaleout_bytes_per_s.
+  /// default_scaleout_bytes_per_s, by the closed-form rule (one decomposition per call).
   explicit quantized_decomposer(bytes_t quantum = 0)
-      : quantum_(quantum), alpha_s_(default_alpha_s), bandwidth_(default_scaleout_bytes_per_s) {}
+      : quantum_(quantum), alpha_s_(default_alpha_s), bandwidth_(default_scaleout_bytes_per_s),
+        rule_(quantum_rule::formula) {}
 
   /// Chooses the quantum per matrix for a per-stage cost of alpha_s seconds and a scale-out
   /// bandwidth of scaleout_bytes_per_s per NIC. Throws fasta2a::error unless alpha_s >= 0 and the

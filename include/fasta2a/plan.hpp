@@ -183,7 +183,7 @@ namespace detail {
 /// SG is the number of GPUs per server when known at compile time (0: read it from the plan),
 /// which turns the rank arithmetic into shifts on the planner's hot path.
 template <int SG = 0, class F>
-void for_each_op(const plan& p, const piece& pc, F&& f) {
+FASTA2A_INLINE inline void for_each_op(const plan& p, const piece& pc, F&& f) {
   const int G = SG > 0 ? SG : p.gpus_per_server;
   if (pc.src == pc.dst) {
     f(pc.src, std::size_t{0}, op_kind::self_copy);
@@ -224,7 +224,7 @@ public:
   FASTA2A_INLINE void add(const piece& pc) {
     std::uint32_t* count = p_->op_offsets.data() + 1;
     const rank_t view = p_->view;
-    for_each_op<SG>(*p_, pc, [&](rank_t r, std::size_t t, op_kind) {
+    for_each_op<SG>(*p_, pc, [&](rank_t r, std::size_t t, op_kind) FASTA2A_INLINE {
       if (view < 0) ++count[static_cast<std::size_t>(r) * slots_ + t];
       else if (r == view) ++count[t];
     });
@@ -239,7 +239,7 @@ public:
     const piece* pieces = p.pieces.data();
     const rank_t view = p.view;
     for (std::size_t i = 0, np = p.pieces.size(); i < np; ++i)
-      for_each_op<SG>(p, pieces[i], [&](rank_t r, std::size_t t, op_kind k) {
+      for_each_op<SG>(p, pieces[i], [&](rank_t r, std::size_t t, op_kind k) FASTA2A_INLINE {
         if (view < 0) ops[cursor[static_cast<std::size_t>(r) * slots_ + t]++] = rank_op{static_cast<std::uint32_t>(i), k};
         else if (r == view) ops[cursor[t]++] = rank_op{static_cast<std::uint32_t>(i), k};
       });

@@ -435,7 +435,7 @@ private:
         off += x;
       }
     };
-    auto spill_rest = [&](rank_t src, rank_t dst, bytes_t left, bytes_t& off) {
+    auto spill_rest = [&](rank_t src, rank_t dst, bytes_t left, bytes_t& off) FASTA2A_INLINE {
       while (left > 0) {
         while (spill < G && res_[spill] == 0) ++spill;
         if (spill == G)
