@@ -69,9 +69,10 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
 template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer>
 class engine {
 public:
-  /// Throws fasta2a::error if the bootstrap's size does not match the topology.
-  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {})
-      : planner_(topo, opt.planning), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt) {
+  /// Throws fasta2a::error if the bootstrap's size does not match the topology. `dec` configures
+  /// the decomposer (a best_of's alpha, a quantum).
+  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{})
+      : planner_(topo, opt.planning, std::move(dec)), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt) {
     n_ = topo.ranks();
     me_ = boot.rank();
     if (boot.size() != n_)

@@ -66,7 +66,7 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
 template <Topology Topo, Decomposer D = birkhoff_decomposer>
 class planner {
 public:
-  explicit planner(Topo topo, plan_options opt = {}, D dec = {})
+  explicit planner(Topo topo, plan_options opt = {}, D dec = D())
       : topo_(std::move(topo)), opt_(opt), dec_(std::move(dec)) {
     if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/planner.hpp"
 
 using namespace fasta2a;
@@ -36,14 +37,27 @@ traffic_matrix megatron_tiled(int servers, std::size_t first) {
   return t;
 }
 
-void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int servers, bytes_t granule) {
-  planner<fixed_topology<8>> pl(h200_cluster(servers), {.granule = granule});
+// What a benchmark plans: the whole plan (every rank's part) or one rank's part, which is what
+// each rank computes per call; with exact Birkhoff (the paper) or the default quantised
+// decomposer (closed-form quantum, alpha 10 us).
+enum mode : int { whole_birkhoff = 0, rank_birkhoff = 1, whole_quantized = 2, rank_quantized = 3 };
+
+template <class D>
+void run_with(benchmark::State& state, const std::vector<traffic_matrix>& inputs, int servers, bytes_t granule,
+              bool rank_view) {
+  planner<fixed_topology<8>, D> pl(h200_cluster(servers), {.granule = granule});
   plan p;
   std::size_t i = 0, stages = 0, plans = 0, memory = 0;
+  const rank_t ranks = servers * 8;
+  auto make = [&](const traffic_matrix& t) {
+    // Rank views cycle through the ranks: servers differ in how much phase 1 they need.
+    if (rank_view) pl.make_rank_into(t, static_cast<rank_t>(plans % static_cast<std::size_t>(ranks)), p);
+    else pl.make_into(t, p);
+  };
   try {
-    pl.make_into(inputs[0], p); // warm the planner's and the plan's storage
+    make(inputs[0]); // warm the planner's and the plan's storage
     for (auto _ : state) {
-      pl.make_into(inputs[i], p);
+      make(inputs[i]);
       benchmark::DoNotOptimize(p.pieces.data());
       stages += p.stages();
       memory = std::max(memory, p.memory_bytes());
@@ -57,6 +71,17 @@ void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int server
   state.counters["stages"] = static_cast<double>(stages) / std::max<std::size_t>(plans, 1);
   state.counters["plan_MB"] = static_cast<double>(memory) / 1e6;
   state.counters["ranks"] = servers * 8;
+}
+
+void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int servers, bytes_t granule) {
+  const auto m = static_cast<mode>(state.range(1));
+  static const char* labels[] = {"whole plan, birkhoff", "rank's part, birkhoff", "whole plan, quantized",
+                                 "rank's part, quantized"};
+  state.SetLabel(labels[m]);
+  if (m == whole_birkhoff || m == rank_birkhoff)
+    run_with<birkhoff_decomposer>(state, inputs, servers, granule, m == rank_birkhoff);
+  else
+    run_with<quantized_decomposer>(state, inputs, servers, granule, m == rank_quantized);
 }
 
 void BM_synthesis_megatron(benchmark::State& state) {
@@ -110,11 +135,13 @@ void BM_decompose_birkhoff(benchmark::State& state) {
 
 void scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
-  b->Arg(4)->Arg(8)->Arg(40);
+  for (int servers : {4, 8, 40})
+    for (int m = 0; m < 4; ++m) b->Args({servers, m});
 }
 void big_scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->Iterations(2)->Repetitions(3)->ReportAggregatesOnly(true);
-  b->Arg(128)->Arg(512);
+  for (int servers : {128, 512})
+    for (int m = 0; m < 4; ++m) b->Args({servers, m});
 }
 
 } // namespace

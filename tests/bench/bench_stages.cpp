@@ -1,0 +1,126 @@
+// Fewer stages, in the alpha-beta MODEL: for each workload, cluster size and message size, the
+// stages and predicted scale-out time of exact Birkhoff (the FAST paper), bottleneck and quantised
+// decompositions, at alpha = 0, 5 and 20 us per stage. Times are model figures (NIC 50 GB/s),
+// reported as ratios to LB_out (the scale-out lower bound), and the decomposition's wall time.
+// Usage: bench_stages [max_servers] (default 512: up to 4096 GPUs; the largest take minutes)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fasta2a/fewer_stages.hpp"
+#include "fasta2a/planner.hpp"
+
+using namespace fasta2a;
+
+namespace {
+
+const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
+
+// Megatron trace tiled to S x 8 ranks (block (i, j) from a different iteration), scaled so each
+// rank sends about bytes_per_rank: the trace's routing skew at any size.
+traffic_matrix megatron_tiled(const std::vector<traffic_matrix>& trace, int servers, bytes_t bytes_per_rank) {
+  const rank_t n = servers * 8;
+  const int blocks = (n + 31) / 32;
+  // Each trace rank sends 8192 tokens to 32 ranks; tiling spreads them over `blocks` tiles.
+  const bytes_t unit = std::max<bytes_t>(1, bytes_per_rank / (8192 * static_cast<bytes_t>(blocks)));
+  traffic_matrix t(n, n);
+  for (int bi = 0; bi < blocks; ++bi)
+    for (int bj = 0; bj < blocks; ++bj) {
+      const auto& m = trace[(static_cast<std::size_t>(bi) * blocks + bj) % trace.size()];
+      for (int i = 0; i < 32 && bi * 32 + i < n; ++i)
+        for (int j = 0; j < 32 && bj * 32 + j < n; ++j) t(bi * 32 + i, bj * 32 + j) = m(i, j) * unit;
+    }
+  return t;
+}
+
+server_matrix rail_matrix(const traffic_matrix& t, int servers, bytes_t granule) {
+  server_matrix m = server_matrix::Zero(servers, servers);
+  for (int s = 0; s < servers; ++s)
+    for (int d = 0; d < servers; ++d)
+      if (s != d) m(s, d) = per_rail_bytes(t.block(s * 8, d * 8, 8, 8).sum(), 8, granule);
+  return m;
+}
+
+struct outcome {
+  std::size_t stages = 0;
+  bytes_t weight = 0;
+  double ms = 0;
+};
+
+template <class D>
+outcome run(D dec, const server_matrix& m) {
+  stage_list out;
+  const auto t0 = std::chrono::steady_clock::now();
+  dec.decompose(m, out);
+  outcome o;
+  o.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  o.stages = out.size();
+  for (bytes_t w : out.weights) o.weight += w;
+  return o;
+}
+
+std::string size_name(bytes_t b) {
+  return b >= (bytes_t{1} << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const int max_servers = argc > 1 ? std::atoi(argv[1]) : 512;
+  const double bout = 50e9;
+  std::vector<traffic_matrix> trace;
+  if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
+  std::printf("# scale-out phase, alpha-beta MODEL: sum over stages of (alpha + weight / 50 GB/s), as a ratio to LB_out;\n"
+              "# stages; and decomposition wall time on this machine. q = the quantised decomposer's quantum (closed form).\n");
+  std::printf("| workload | GPUs | bytes/GPU | alpha | stages: Birkhoff / bottleneck / quantised (q) | model / LB_out: Birkhoff | bottleneck | quantised | direct | best | decompose ms: B / b / q |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int servers : {8, 40, 128, 512}) {
+    if (servers > max_servers) break;
+    for (const char* workload : {"zipf(0.8)", "zipf(1.2)", "hotspot", "megatron"}) {
+      for (bytes_t per_gpu : {bytes_t{64} << 10, bytes_t{4} << 20, bytes_t{256} << 20}) {
+        const rank_t n = servers * 8;
+        const bytes_t granule = std::min<bytes_t>(8192, per_gpu / 64);
+        traffic_matrix t;
+        const std::string w = workload;
+        if (w == "zipf(0.8)") t = zipf_traffic(n, 0.8, per_gpu, 1, granule);
+        else if (w == "zipf(1.2)") t = zipf_traffic(n, 1.2, per_gpu, 1, granule);
+        else if (w == "hotspot") t = hotspot_traffic(n, std::max(1, n / 16), 0.5, per_gpu, 1, granule);
+        else if (!trace.empty()) t = megatron_tiled(trace, servers, per_gpu);
+        else continue;
+        const server_matrix m = rail_matrix(t, servers, granule);
+        const double lb = static_cast<double>(max_line_sum(m)) / bout;
+        // Direct sending, fluid model: the busiest NIC's own inter-server bytes, out or in.
+        std::vector<bytes_t> nic(2 * static_cast<std::size_t>(n), 0);
+        for (rank_t i = 0; i < n; ++i)
+          for (rank_t j = 0; j < n; ++j)
+            if (i / 8 != j / 8) {
+              nic[i] += t(i, j);
+              nic[n + j] += t(i, j);
+            }
+        const double direct_bytes_s = static_cast<double>(*std::max_element(nic.begin(), nic.end())) / bout;
+        const outcome b = run(birkhoff_decomposer{}, m);
+        const outcome bn = run(bottleneck_decomposer{}, m);
+        for (double alpha : {0.0, 5e-6, 20e-6}) {
+          const outcome q = run(quantized_decomposer(alpha, bout, quantum_rule::formula), m);
+          const bytes_t quantum = quantized_decomposer::formula_quantum(m, alpha, bout);
+          auto ratio = [&](const outcome& o) {
+            return lb > 0 ? (alpha * static_cast<double>(o.stages) + static_cast<double>(o.weight) / bout) / lb : 0.0;
+          };
+          const double direct = lb > 0 ? (alpha + direct_bytes_s) / lb : 0.0;
+          const double all[] = {ratio(b), ratio(bn), ratio(q), direct};
+          const char* names[] = {"Birkhoff", "bottleneck", "quantised", "direct"};
+          const int best = static_cast<int>(std::min_element(all, all + 4) - all);
+          std::printf("| %s | %d | %s | %g us | %zu / %zu / %zu (%s) | %.3f | %.3f | %.3f | %.3f | %s | %.1f / %.1f / %.1f |\n",
+                      workload, n, size_name(per_gpu).c_str(), alpha * 1e6, b.stages, bn.stages, q.stages,
+                      quantum >= 1024 ? size_name(quantum).c_str() : (std::to_string(quantum) + " B").c_str(),
+                      all[0], all[1], all[2], all[3], names[best], b.ms, bn.ms, q.ms);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+}
