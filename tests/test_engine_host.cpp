@@ -12,19 +12,11 @@
 
 #include <fasta2a/engine.hpp>
 #include <fasta2a/host.hpp>
+#include <fasta2a/pattern.hpp>
 
 using namespace fasta2a;
 
 namespace {
-
-// The byte at `offset` of the message src -> dst: any two messages differ almost everywhere.
-std::byte pattern(rank_t src, rank_t dst, std::uint64_t offset) {
-  std::uint64_t x = (static_cast<std::uint64_t>(src) << 40) ^ (static_cast<std::uint64_t>(dst) << 20) ^ offset;
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 32;
-  return static_cast<std::byte>(x);
-}
 
 struct layout {
   std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
@@ -67,14 +59,14 @@ void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, s
           const layout l = layout_of(t, r, elem, 3);
           std::vector<std::byte> send(l.send_elems * elem), recv(l.recv_elems * elem, std::byte{0xEE});
           for (rank_t j = 0; j < n; ++j)
-            for (std::uint64_t b = 0; b < t(r, j); ++b) send[l.send_displs[j] * elem + b] = pattern(r, j, b);
+            fill_pattern(std::span(send).subspan(l.send_displs[j] * elem, t(r, j)), r, j);
           eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs, elem);
           std::vector<char> written(recv.size(), 0);
           for (rank_t i = 0; i < n; ++i)
             for (std::uint64_t b = 0; b < t(i, r); ++b) {
               const std::size_t at = l.recv_displs[i] * elem + b;
               written[at] = 1;
-              if (recv[at] != pattern(i, r, b)) {
+              if (recv[at] != pattern_byte(i, r, b)) {
                 errors[r] = "rank " + std::to_string(r) + ": byte " + std::to_string(b) + " from rank " +
                             std::to_string(i) + " is wrong";
                 return;
