@@ -66,6 +66,11 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
 /// stage j - 1 and the redistribution of stage j - 2, with point-to-point signals per stage and
 /// no global barrier between stages. Staging memory is sized from the plan, allocated once and
 /// only ever grown, and reused across calls; the allgathers order one call after the previous one.
+///
+/// An error raised before execution (bad arguments, counts or plans that disagree) leaves the
+/// engine usable. An error during execution (a peer that did not signal in time) leaves signal
+/// counts and, on two-sided transports, posted receives out of step with the peers: discard the
+/// engine and its transports then (the communicator is in an unknown state, as after an MPI error).
 template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer>
 class engine {
 public:

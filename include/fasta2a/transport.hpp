@@ -57,7 +57,8 @@ inline const char* to_string(channel c) noexcept {
 /// - `signal(peer, ch)`: after every put this rank made to peer before it has landed, peer's
 ///   counter for (this rank, ch) grows by one.
 /// - `wait(peer, ch, count, timeout)`: true once this rank's counter for (peer, ch) reaches count
-///   and every expect for peer posted before has completed; false at the timeout.
+///   and every expect that those signals cover (the peer's puts on ch before its count-th signal)
+///   has completed; false at the timeout. Expects of later stages may still be pending.
 /// - `flush()`: every put this rank started has completed (its source may be reused).
 template <class T>
 concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer,

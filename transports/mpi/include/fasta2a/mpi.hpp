@@ -1,0 +1,548 @@
+// fasta2a: host memory moved by MPI point-to-point messages. A Bootstrap over an MPI communicator
+// and a two-sided Transport (MPI_Isend / MPI_Irecv) that the engine can use for scale-up, scale-out
+// or both. The bytes really move; nothing is simulated. Depends on MPI only.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+#include "fasta2a/topology.hpp"
+#include "fasta2a/transport.hpp"
+
+namespace fasta2a {
+
+namespace detail {
+
+/// Throws fasta2a::error naming `what` and MPI's own description when an MPI call failed (only
+/// reachable on communicators whose error handler returns, such as the transport's own).
+inline void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  throw error(std::string(what) + " failed: " + (len > 0 ? std::string(text, static_cast<std::size_t>(len))
+                                                         : "MPI error " + std::to_string(rc)));
+}
+
+/// The largest message MPI's int counts can describe, as a size.
+inline constexpr std::size_t mpi_int_max = static_cast<std::size_t>(INT_MAX);
+
+inline std::size_t check_max_message(std::size_t m, const char* who) {
+  if (m == 0 || m > mpi_int_max)
+    throw error(std::string(who) + ": max_message_bytes must be in [1, INT_MAX], got " + std::to_string(m));
+  return m;
+}
+
+/// Number of MPI messages a transfer of n bytes becomes when split into pieces of at most `limit`
+/// bytes: at least one, so that a zero-byte put still matches its zero-byte expect.
+inline std::size_t mpi_chunks(std::size_t n, std::size_t limit) noexcept {
+  return n == 0 ? 1 : (n - 1) / limit + 1;
+}
+
+} // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap
+// ---------------------------------------------------------------------------------------------
+
+/// Options of an mpi_bootstrap.
+struct mpi_bootstrap_options {
+  /// How long allgather waits for the other ranks before it throws (see mpi_bootstrap).
+  std::chrono::milliseconds timeout{30000};
+  /// How allgather polls MPI: Open MPI's blocking collectives spin, which starves the ranks doing
+  /// work when many share few cores.
+  wait_policy waiting{};
+  /// The largest single MPI message; longer blobs are gathered in pieces. At most INT_MAX (what
+  /// MPI's int counts allow); every rank must use the same.
+  std::size_t max_message_bytes = detail::mpi_int_max;
+  /// Agree on the blob length (one small MPI_Iallreduce) before gathering, so that blobs of unequal
+  /// length are an error on every rank rather than undefined behaviour inside MPI_Allgather. It
+  /// doubles the collectives of a call; turn it off only where every rank's length is known equal.
+  bool check_lengths = true;
+};
+
+/// A Bootstrap over an MPI communicator, which it does not own (the caller keeps it alive and frees
+/// it). `allgather` uses non-blocking collectives (MPI_Iallreduce to check that every rank gives a
+/// blob of the same length, unless turned off, then MPI_Iallgather), polled under a wait_policy:
+/// Open MPI's blocking collectives spin on the CPU, which starves the ranks doing work when many
+/// share few cores.
+///
+/// Timeout: polling lets a rank notice that a peer has not arrived and throw fasta2a::error, but MPI
+/// cannot cancel a collective that has started, so after such an error the communicator holds an
+/// unfinished collective and must not be used for collectives again: this bootstrap refuses
+/// further calls, and in practice the program reports and calls MPI_Abort. The buffers the
+/// abandoned collective may still write are the bootstrap's own and are deliberately never freed,
+/// so a late peer cannot corrupt memory. A peer that never arrives is thus an error within the
+/// timeout, never a silent hang; a peer that dies inside MPI is MPI's to detect.
+class mpi_bootstrap {
+public:
+  /// Wraps `comm`. Throws fasta2a::error if comm is MPI_COMM_NULL, MPI is not initialised, or
+  /// an option is out of range.
+  explicit mpi_bootstrap(MPI_Comm comm, mpi_bootstrap_options opt = {})
+      : comm_(comm), opt_(opt) {
+    detail::check_max_message(opt_.max_message_bytes, "mpi_bootstrap");
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw error("mpi_bootstrap: MPI is not initialised (call MPI_Init first)");
+    if (comm == MPI_COMM_NULL) throw error("mpi_bootstrap: the communicator is MPI_COMM_NULL");
+    detail::mpi_check(MPI_Comm_rank(comm, &rank_), "mpi_bootstrap: MPI_Comm_rank");
+    detail::mpi_check(MPI_Comm_size(comm, &size_), "mpi_bootstrap: MPI_Comm_size");
+  }
+
+  /// This process's rank in the communicator.
+  rank_t rank() const noexcept { return rank_; }
+  /// The number of ranks of the communicator.
+  rank_t size() const noexcept { return size_; }
+  /// The wrapped communicator.
+  MPI_Comm comm() const noexcept { return comm_; }
+
+  /// Every rank's `mine`, in rank order, into `all` (which must be exactly size() * mine.size()
+  /// bytes). Collective. Throws fasta2a::error if `all` has the wrong size, if the ranks' blobs
+  /// differ in length (every rank throws, naming the lengths), if a peer has not arrived within
+  /// the timeout, or if an earlier call timed out (see the class comment).
+  void allgather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    if (broken_)
+      throw error("mpi_bootstrap::allgather: an earlier allgather on rank " + std::to_string(rank_) +
+                  " timed out, so its communicator is unusable");
+    const std::size_t len = mine.size();
+    if (all.size() / static_cast<std::size_t>(size_) != len || all.size() % static_cast<std::size_t>(size_) != 0)
+      throw error("mpi_bootstrap::allgather: the output holds " + std::to_string(all.size()) + " bytes, not " +
+                  std::to_string(size_) + " ranks x " + std::to_string(len) + " bytes");
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (opt_.check_lengths) {
+      // Blobs of unequal length would make MPI_Allgather misread memory or fail on some ranks
+      // only: agree on the length first, so that every rank sees the same mismatch.
+      lengths_.assign({static_cast<long long>(len), -static_cast<long long>(len), 0, 0});
+      detail::mpi_check(MPI_Iallreduce(lengths_.data(), lengths_.data() + 2, 2, MPI_LONG_LONG, MPI_MAX, comm_, &req),
+                        "mpi_bootstrap: MPI_Iallreduce");
+      complete(req, "checking the blob lengths");
+      if (lengths_[2] != -lengths_[3])
+        throw error("mpi_bootstrap::allgather: the ranks' blobs differ in length (from " +
+                    std::to_string(-lengths_[3]) + " to " + std::to_string(lengths_[2]) +
+                    " bytes; this rank has " + std::to_string(len) + ")");
+    }
+    if (len == 0) {
+      // Nothing to gather, but the call must still order this rank after the others.
+      if (!opt_.check_lengths) {
+        detail::mpi_check(MPI_Ibarrier(comm_, &req), "mpi_bootstrap: MPI_Ibarrier");
+        complete(req, "synchronising");
+      }
+      return;
+    }
+    // MPI reads and writes the bootstrap's own copies, not the caller's buffers: a collective
+    // abandoned at the timeout may still touch them later, and they are then never freed.
+    out_.assign(mine.begin(), mine.end());
+    in_.resize(all.size());
+    if (len <= opt_.max_message_bytes) {
+      detail::mpi_check(MPI_Iallgather(out_.data(), static_cast<int>(len), MPI_BYTE, in_.data(),
+                                       static_cast<int>(len), MPI_BYTE, comm_, &req),
+                        "mpi_bootstrap: MPI_Iallgather");
+      complete(req, "gathering the blobs");
+    } else {
+      // A blob past the limit goes in pieces: piece k of every rank lands at its place in every
+      // rank's slot, through a type whose extent is the whole blob.
+      for (std::size_t off = 0; off < len; off += opt_.max_message_bytes) {
+        const std::size_t n = std::min(opt_.max_message_bytes, len - off);
+        MPI_Datatype piece = MPI_DATATYPE_NULL, slot = MPI_DATATYPE_NULL;
+        detail::mpi_check(MPI_Type_contiguous(static_cast<int>(n), MPI_BYTE, &piece),
+                          "mpi_bootstrap: MPI_Type_contiguous");
+        detail::mpi_check(MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(len), &slot),
+                          "mpi_bootstrap: MPI_Type_create_resized");
+        MPI_Type_free(&piece);
+        detail::mpi_check(MPI_Type_commit(&slot), "mpi_bootstrap: MPI_Type_commit");
+        const int rc = MPI_Iallgather(out_.data() + off, static_cast<int>(n), MPI_BYTE, in_.data() + off, 1, slot,
+                                      comm_, &req);
+        // A committed type in use by a pending operation may be freed: MPI keeps it until done.
+        MPI_Type_free(&slot);
+        detail::mpi_check(rc, "mpi_bootstrap: MPI_Iallgather");
+        complete(req, "gathering the blobs");
+      }
+    }
+    std::copy(in_.begin(), in_.end(), all.begin());
+  }
+
+private:
+  void complete(MPI_Request& req, const char* what) {
+    int rc = MPI_SUCCESS;
+    const bool done = detail::poll_until(
+        [&] {
+          int flag = 0;
+          rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+          return rc != MPI_SUCCESS || flag != 0;
+        },
+        opt_.waiting, opt_.timeout);
+    detail::mpi_check(rc, "mpi_bootstrap: MPI_Test");
+    if (done) return;
+    // MPI cannot cancel a collective: keep what it may still write alive for good (a leak, once).
+    broken_ = true;
+    static_cast<void>(new std::vector<std::byte>(std::move(out_)));
+    static_cast<void>(new std::vector<std::byte>(std::move(in_)));
+    static_cast<void>(new std::vector<long long>(std::move(lengths_)));
+    throw error("mpi_bootstrap::allgather: rank " + std::to_string(rank_) + " timed out after " +
+                std::to_string(opt_.timeout.count()) + " ms " + what +
+                ": some rank did not reach the allgather (the communicator is unusable now)");
+  }
+
+  MPI_Comm comm_;
+  mpi_bootstrap_options opt_;
+  std::vector<long long> lengths_;     ///< this rank's length and its negation, then the maxima
+  std::vector<std::byte> out_, in_;    ///< what MPI sends and receives
+  bool broken_ = false;                ///< a collective was abandoned at its timeout
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+static_assert(Bootstrap<mpi_bootstrap>);
+
+// ---------------------------------------------------------------------------------------------
+// Transport
+// ---------------------------------------------------------------------------------------------
+
+/// Options of an mpi_transport.
+struct mpi_transport_options {
+  /// How wait() and flush() poll MPI: spinning on 2 cores with 16 ranks starves the senders.
+  wait_policy waiting{};
+  /// How long flush() waits for this rank's sends to complete before it throws.
+  std::chrono::milliseconds flush_timeout{30000};
+  /// The largest single MPI message; longer puts are split into pieces of this size (sender and
+  /// receiver split the same way, so every rank must use the same value). At most INT_MAX.
+  std::size_t max_message_bytes = detail::mpi_int_max;
+};
+
+/// A two-sided Transport over MPI point-to-point on its own duplicate of a communicator (so its
+/// messages never match anyone else's). Non-copyable: it owns the duplicate and the requests in
+/// flight.
+///
+/// - `put` is an MPI_Isend on the channel's data tag, `expect` the matching MPI_Irecv straight into
+///   the registered memory: MPI matches messages of one (source, tag) in the order they were sent,
+///   so puts and expects pair up per (peer, channel) exactly as the Transport concept orders them.
+/// - `signal` is a small MPI_Isend on the channel's signal tag that carries how many puts this rank
+///   has made to the peer on that channel so far. MPI does not order messages of different tags,
+///   so a signal cannot vouch for the data by arriving after it; the count says instead which
+///   expects it covers, and `wait` completes exactly those (not the expects of later stages, whose
+///   data may depend on this rank's own progress).
+/// - `wait` and `flush` poll (MPI_Iprobe, MPI_Testall) under the wait_policy: no hard spinning.
+///
+/// Memory needs no registration with MPI: a `memory` is a pointer and a size, a `remote` the
+/// peer's rank and the size of its region (for bounds checks at the sender).
+class mpi_transport {
+public:
+  /// Local memory the transport reads from or receives into.
+  struct memory {
+    std::byte* ptr = nullptr;
+    std::size_t size = 0;
+  };
+  /// A peer's memory, as far as a sender needs it: MPI addresses the receiver by rank, and the
+  /// receiver says where the bytes land (expect), so only the size is kept, to check bounds.
+  struct remote {
+    rank_t rank = -1;
+    std::size_t size = 0;
+  };
+  /// A serialized handle: the region's address and size, 8 bytes each.
+  static constexpr std::size_t handle_bytes = 16;
+
+  /// Duplicates `comm` (collective over it) and sets the duplicate to return errors, so that MPI
+  /// failures become fasta2a::error. Throws fasta2a::error if MPI is not initialised, comm is
+  /// MPI_COMM_NULL or an option is out of range.
+  explicit mpi_transport(MPI_Comm comm, mpi_transport_options opt = {})
+      : opt_(opt) {
+    detail::check_max_message(opt_.max_message_bytes, "mpi_transport");
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw error("mpi_transport: MPI is not initialised (call MPI_Init first)");
+    if (comm == MPI_COMM_NULL) throw error("mpi_transport: the communicator is MPI_COMM_NULL");
+    detail::mpi_check(MPI_Comm_dup(comm, &comm_), "mpi_transport: MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    const std::size_t lanes = static_cast<std::size_t>(size_) * channel_count;
+    inbound_.resize(lanes);
+    puts_sent_.assign(lanes, 0);
+  }
+
+  mpi_transport(const mpi_transport&) = delete;
+  mpi_transport& operator=(const mpi_transport&) = delete;
+
+  /// Cancels receives still posted, lets sends still in flight finish on their own, and frees the
+  /// duplicate communicator. Does nothing once MPI has been finalised.
+  ~mpi_transport() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (inbound& in : inbound_)
+      for (MPI_Request& r : in.reqs)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        }
+    for (MPI_Request& r : sends_)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    MPI_Comm_free(&comm_);
+  }
+
+  /// This rank in the transport's communicator.
+  rank_t rank() const noexcept { return rank_; }
+  /// Ranks in the transport's communicator.
+  rank_t size() const noexcept { return size_; }
+
+  /// Makes [p, p + n) usable as a put source or an expect target. Throws fasta2a::error if p is
+  /// null while n > 0.
+  memory register_memory(void* p, std::size_t n) {
+    if (p == nullptr && n > 0)
+      throw error("mpi_transport::register_memory: null pointer for " + std::to_string(n) + " bytes");
+    return memory{static_cast<std::byte*>(p), n};
+  }
+
+  /// The handle of `m`: its address and size, 8 bytes each, native byte order (every rank runs
+  /// the same program on the same kind of machine).
+  std::vector<std::byte> serialize(const memory& m) const {
+    std::vector<std::byte> blob(handle_bytes);
+    const std::uint64_t words[2] = {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(m.ptr)),
+                                    static_cast<std::uint64_t>(m.size)};
+    std::memcpy(blob.data(), words, handle_bytes);
+    return blob;
+  }
+
+  /// The remote view of peer's handle. Throws fasta2a::error if the blob is not handle_bytes long
+  /// or peer is not a rank of the communicator.
+  remote deserialize(rank_t peer, std::span<const std::byte> blob) {
+    check_peer(peer, "deserialize");
+    if (blob.size() != handle_bytes)
+      throw error("mpi_transport::deserialize: rank " + std::to_string(peer) + "'s handle is " +
+                  std::to_string(blob.size()) + " bytes, expected " + std::to_string(handle_bytes));
+    std::uint64_t words[2];
+    std::memcpy(words, blob.data(), handle_bytes);
+    return remote{peer, static_cast<std::size_t>(words[1])};
+  }
+
+  /// Starts sending bytes [src_off, src_off + n) of src to peer, landing at dst_off of dst (where
+  /// peer's matching expect on channel ch puts it). Returns at once; the source must stay untouched
+  /// until flush(). Throws fasta2a::error naming the offsets if either range is out of bounds.
+  void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
+           std::size_t n, channel ch) {
+    check_peer(peer, "put");
+    const std::size_t c = check_channel(ch, "put");
+    if (dst.rank != peer)
+      throw error("mpi_transport::put: the remote handle belongs to rank " + std::to_string(dst.rank) +
+                  ", not to the peer " + std::to_string(peer));
+    check_range(src_off, n, src.size, "put", "source", peer);
+    check_range(dst_off, n, dst.size, "put", "destination", peer);
+    const std::size_t limit = opt_.max_message_bytes;
+    const std::size_t chunks = detail::mpi_chunks(n, limit);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t off = k * limit;
+      const std::size_t len = n == 0 ? 0 : std::min(limit, n - off);
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail::mpi_check(MPI_Isend(src.ptr + src_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
+                        "mpi_transport::put: MPI_Isend");
+      sends_.push_back(r);
+      send_peer_.push_back(peer);
+    }
+    ++puts_sent_[lane(peer, c)];
+  }
+
+  /// Posts the receive of peer's next put on channel ch: n bytes into [dst_off, dst_off + n) of
+  /// dst. Throws fasta2a::error naming the offsets if the range is outside the registration.
+  void expect(rank_t peer, const memory& dst, std::size_t dst_off, std::size_t n, channel ch) {
+    check_peer(peer, "expect");
+    const std::size_t c = check_channel(ch, "expect");
+    check_range(dst_off, n, dst.size, "expect", "destination", peer);
+    inbound& in = inbound_[lane(peer, c)];
+    const std::size_t limit = opt_.max_message_bytes;
+    const std::size_t chunks = detail::mpi_chunks(n, limit);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t off = k * limit;
+      const std::size_t len = n == 0 ? 0 : std::min(limit, n - off);
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail::mpi_check(MPI_Irecv(dst.ptr + dst_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
+                        "mpi_transport::expect: MPI_Irecv");
+      in.reqs.push_back(r);
+    }
+    in.expect_end.push_back(in.reqs_base + in.reqs.size());
+    ++in.expects_posted;
+  }
+
+  /// Tells peer that this rank's puts to it on channel ch so far are on their way: peer's counter
+  /// for (this rank, ch) grows by one, and its wait covers those puts.
+  void signal(rank_t peer, channel ch) {
+    check_peer(peer, "signal");
+    const std::size_t c = check_channel(ch, "signal");
+    // The payload must outlive the send: a deque never moves its elements.
+    signal_payload_.push_back(puts_sent_[lane(peer, c)]);
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::mpi_check(MPI_Isend(&signal_payload_.back(), 1, MPI_UINT64_T, peer, signal_tag(c), comm_, &r),
+                      "mpi_transport::signal: MPI_Isend");
+    sends_.push_back(r);
+    send_peer_.push_back(peer);
+  }
+
+  /// True once `count` signals from peer on channel ch have arrived (counted over the transport's
+  /// lifetime) and every expect those signals cover has received its bytes; false if that has not
+  /// happened within `timeout`. Throws fasta2a::error if peer has put more on ch than this rank has
+  /// expected (the two sides disagree on the traffic), or if a receive failed (for instance a put
+  /// longer than its expect).
+  bool wait(rank_t peer, channel ch, std::uint64_t count, std::chrono::milliseconds timeout) {
+    check_peer(peer, "wait");
+    const std::size_t c = check_channel(ch, "wait");
+    inbound& in = inbound_[lane(peer, c)];
+    return detail::poll_until([&] { return progress(in, peer, c, count); }, opt_.waiting, timeout);
+  }
+
+  /// Returns once every put and signal this rank started has completed (its source may be reused).
+  /// Throws fasta2a::error naming a peer that has not taken its bytes within the flush timeout.
+  void flush() {
+    int rc = MPI_SUCCESS;
+    const bool done = detail::poll_until(
+        [&] {
+          int flag = 0;
+          rc = MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE);
+          return rc != MPI_SUCCESS || flag != 0;
+        },
+        opt_.waiting, opt_.flush_timeout);
+    detail::mpi_check(rc, "mpi_transport::flush: MPI_Testall");
+    if (!done) {
+      rank_t late = -1;
+      for (std::size_t i = 0; i < sends_.size() && late < 0; ++i) {
+        int flag = 0;
+        MPI_Test(&sends_[i], &flag, MPI_STATUS_IGNORE);
+        if (!flag) late = send_peer_[i];
+      }
+      throw error("mpi_transport::flush: rank " + std::to_string(rank_) + "'s sends to rank " +
+                  std::to_string(late) + " did not complete within " + std::to_string(opt_.flush_timeout.count()) +
+                  " ms (did it post the matching expects?)");
+    }
+    sends_.clear();
+    send_peer_.clear();
+    signal_payload_.clear();
+  }
+
+private:
+  /// What this rank knows of one (peer, channel): its posted receives and the signals seen.
+  /// Indices are absolute over the transport's lifetime; the vectors hold only what is not known
+  /// to be complete, from reqs_base and expects_base on.
+  struct inbound {
+    std::vector<MPI_Request> reqs;          ///< chunk receives, from absolute index reqs_base
+    std::vector<std::uint64_t> expect_end;  ///< per expect from expects_base: one past its last chunk
+    std::uint64_t reqs_base = 0;
+    std::uint64_t expects_base = 0;
+    std::uint64_t expects_posted = 0;
+    std::uint64_t chunks_done = 0; ///< chunks [0, chunks_done) have completed
+    std::uint64_t signals = 0;     ///< signals received
+    std::uint64_t covered = 0;     ///< puts the latest received signal vouches for
+  };
+
+  static int data_tag(std::size_t c) noexcept { return static_cast<int>(c); }
+  static int signal_tag(std::size_t c) noexcept { return static_cast<int>(channel_count + c); }
+  std::size_t lane(rank_t peer, std::size_t c) const noexcept {
+    return static_cast<std::size_t>(peer) * channel_count + c;
+  }
+
+  void check_peer(rank_t peer, const char* who) const {
+    if (peer < 0 || peer >= size_)
+      throw error(std::string("mpi_transport::") + who + ": peer " + std::to_string(peer) +
+                  " is not a rank of the communicator (size " + std::to_string(size_) + ")");
+  }
+  static std::size_t check_channel(channel ch, const char* who) {
+    const auto c = static_cast<std::size_t>(ch);
+    if (c >= channel_count)
+      throw error(std::string("mpi_transport::") + who + ": channel " + std::to_string(c) + " does not exist");
+    return c;
+  }
+  static void check_range(std::size_t off, std::size_t n, std::size_t size, const char* who, const char* side,
+                          rank_t peer) {
+    if (off > size || n > size - off)
+      throw error(std::string("mpi_transport::") + who + ": " + side + " bytes [" + std::to_string(off) + ", " +
+                  std::to_string(off) + " + " + std::to_string(n) + ") (peer " + std::to_string(peer) +
+                  ") fall outside the registered " + std::to_string(size) + " bytes");
+  }
+
+  /// One poll of wait(): takes the signals that have arrived (up to count), then tests the
+  /// receives they cover. True when both are done.
+  bool progress(inbound& in, rank_t peer, std::size_t c, std::uint64_t count) {
+    while (in.signals < count) {
+      int flag = 0;
+      MPI_Status st;
+      detail::mpi_check(MPI_Iprobe(peer, signal_tag(c), comm_, &flag, &st), "mpi_transport::wait: MPI_Iprobe");
+      if (!flag) break;
+      std::uint64_t covered = 0;
+      detail::mpi_check(MPI_Recv(&covered, 1, MPI_UINT64_T, peer, signal_tag(c), comm_, MPI_STATUS_IGNORE),
+                        "mpi_transport::wait: MPI_Recv of a signal");
+      ++in.signals;
+      in.covered = std::max(in.covered, covered);
+    }
+    if (in.covered > in.expects_posted)
+      throw error("mpi_transport::wait: rank " + std::to_string(peer) + " has put " + std::to_string(in.covered) +
+                  " messages on the " + to_string(static_cast<channel>(c)) + " channel to rank " +
+                  std::to_string(rank_) + ", which expects only " + std::to_string(in.expects_posted) +
+                  ": the ranks disagree on the traffic");
+    // Chunks the covered expects end at: everything before must have landed.
+    const std::uint64_t needed =
+        in.covered <= in.expects_base ? in.reqs_base : in.expect_end[in.covered - 1 - in.expects_base];
+    if (in.chunks_done < needed) {
+      int flag = 0;
+      const std::size_t from = in.chunks_done - in.reqs_base;
+      const int rc = MPI_Testall(static_cast<int>(needed - in.chunks_done), in.reqs.data() + from, &flag,
+                                 MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        try {
+          detail::mpi_check(rc, "MPI_Testall");
+        } catch (const error& e) {
+          throw error("mpi_transport::wait: receiving from rank " + std::to_string(peer) + " on the " +
+                      to_string(static_cast<channel>(c)) + " channel: " + e.what() +
+                      " (a put longer than its expect?)");
+        }
+      }
+      if (!flag) return false;
+      in.chunks_done = needed;
+    }
+    // Everything posted has landed: drop it, so a long-lived transport does not grow.
+    if (in.chunks_done == in.reqs_base + in.reqs.size() && !in.reqs.empty()) {
+      in.reqs_base += in.reqs.size();
+      in.expects_base += in.expect_end.size();
+      in.reqs.clear();
+      in.expect_end.clear();
+    }
+    return in.signals >= count;
+  }
+
+  mpi_transport_options opt_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<inbound> inbound_;          ///< per (peer, channel)
+  std::vector<std::uint64_t> puts_sent_;  ///< per (peer, channel): puts made over the lifetime
+  std::vector<MPI_Request> sends_;        ///< puts and signals in flight, until flush
+  std::vector<rank_t> send_peer_;         ///< the peer of each, for flush's message
+  std::deque<std::uint64_t> signal_payload_;
+};
+
+static_assert(Transport<mpi_transport>);
+
+/// The topology of MPI's ranks taken as servers of `gpus_per_server` consecutive ranks:
+/// (size / G) servers x G. Throws fasta2a::error if G < 1 or the communicator's size is not a
+/// multiple of G.
+inline two_tier_topology mpi_world_topology(int gpus_per_server, MPI_Comm comm = MPI_COMM_WORLD,
+                                            link_model links = h200_links) {
+  int size = 0;
+  detail::mpi_check(MPI_Comm_size(comm, &size), "mpi_world_topology: MPI_Comm_size");
+  if (gpus_per_server < 1)
+    throw error("mpi_world_topology: GPUs per server must be at least 1, got " + std::to_string(gpus_per_server));
+  if (size % gpus_per_server != 0)
+    throw error("mpi_world_topology: " + std::to_string(size) + " MPI ranks are not a whole number of servers of " +
+                std::to_string(gpus_per_server) + " GPUs");
+  return two_tier_topology(size / gpus_per_server, gpus_per_server, links);
+}
+
+} // namespace fasta2a

@@ -1,0 +1,632 @@
+// Tests of the MPI bootstrap and transport (and of the engine over them, byte for byte against
+// MPI_Alltoallv). Every rank runs every test case; the process fails if any rank fails.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <fasta2a/engine.hpp>
+#include <fasta2a/mpi.hpp>
+#include <fasta2a/pattern.hpp>
+#include <fasta2a/traffic.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fa = fasta2a;
+using namespace std::chrono_literals;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// The message of the fasta2a::error f throws, or "" (and a failed check) if it throws none.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const fa::error& e) {
+    return e.what();
+  }
+  FAIL_CHECK("expected a fasta2a::error");
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// The byte rank `src` places at position i of what it sends to `dst` (i counts from the start of
+/// that message): every byte says where it came from, so a misplaced byte cannot pass.
+std::byte pattern(int src, int dst, std::uint64_t i) {
+  std::uint64_t x = (static_cast<std::uint64_t>(src) * 1000003u + static_cast<std::uint64_t>(dst)) * 0x9e3779b97f4a7c15ULL;
+  x ^= i * 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 29;
+  return static_cast<std::byte>(x & 0xff);
+}
+
+/// The ring neighbours of this rank (itself when alone).
+struct ring {
+  int me = world_rank();
+  int n = world_size();
+  int right = (me + 1) % n;
+  int left = (me + n - 1) % n;
+};
+
+/// Exchanges handles as the engine does: every rank's serialized handle through the bootstrap.
+template <class Boot>
+fa::mpi_transport::remote remote_of(Boot& boot, fa::mpi_transport& t, const fa::mpi_transport::memory& mine,
+                                    int peer) {
+  const std::vector<std::byte> h = t.serialize(mine);
+  std::vector<std::byte> all(h.size() * static_cast<std::size_t>(boot.size()));
+  boot.allgather(h, all);
+  return t.deserialize(peer, std::span<const std::byte>(all).subspan(static_cast<std::size_t>(peer) * h.size(), h.size()));
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("mpi_bootstrap.rank and size are the communicator's") {
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  CHECK(boot.rank() == world_rank());
+  CHECK(boot.size() == world_size());
+  static_assert(fa::Bootstrap<fa::mpi_bootstrap>);
+}
+
+TEST_CASE("mpi_bootstrap.allgather gives every rank's blob in rank order, in pieces too") {
+  for (std::size_t piece : {fa::detail::mpi_int_max, std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(piece);
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD, {.timeout = 10s, .max_message_bytes = piece});
+    const int n = boot.size();
+    const std::size_t len = 7;
+    std::vector<std::byte> mine(len), all(len * static_cast<std::size_t>(n), std::byte{0xee});
+    for (std::size_t i = 0; i < len; ++i) mine[i] = static_cast<std::byte>(boot.rank() * 16 + static_cast<int>(i));
+    boot.allgather(mine, all);
+    bool same = true;
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < len; ++i)
+        same = same && all[static_cast<std::size_t>(r) * len + i] == static_cast<std::byte>(r * 16 + static_cast<int>(i));
+    CHECK(same);
+  }
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  boot.allgather({}, {}); // empty blobs are a plain synchronisation
+  fa::mpi_bootstrap unchecked(MPI_COMM_WORLD, {.check_lengths = false});
+  std::vector<std::byte> mine(3, static_cast<std::byte>(boot.rank())), all(3 * static_cast<std::size_t>(boot.size()));
+  unchecked.allgather(mine, all);
+  CHECK(all.back() == static_cast<std::byte>(boot.size() - 1));
+  unchecked.allgather({}, {});
+  CHECK(contains(error_of([] { fa::mpi_bootstrap bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
+                 "max_message_bytes"));
+}
+
+TEST_CASE("mpi_bootstrap.allgather reports blobs of unequal length on every rank") {
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  const int n = boot.size();
+  std::vector<std::byte> wrong(5), out(3 * static_cast<std::size_t>(n) + 1);
+  CHECK(contains(error_of([&] { boot.allgather(wrong, out); }), "output holds"));
+  if (n < 2) return;
+  const std::size_t len = boot.rank() == 0 ? 4 : 3;
+  std::vector<std::byte> mine(len), all(len * static_cast<std::size_t>(n));
+  const std::string msg = error_of([&] { boot.allgather(mine, all); });
+  CHECK(contains(msg, "differ in length"));
+  CHECK(contains(msg, "from 3 to 4 bytes"));
+}
+
+TEST_CASE("mpi_bootstrap.allgather throws at its timeout when a rank does not arrive") {
+  const int me = world_rank(), n = world_size();
+  if (n < 2) return;
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  fa::mpi_bootstrap boot(comm, {.timeout = 300ms});
+  std::vector<std::byte> mine(8), all(8 * static_cast<std::size_t>(n));
+  if (me != 0) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string msg = error_of([&] { boot.allgather(mine, all); });
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(contains(msg, "rank " + std::to_string(me) + " timed out after 300 ms checking the blob lengths"));
+    CHECK(took >= 300ms);
+    CHECK(took < 2000ms);
+    CHECK(contains(error_of([&] { boot.allgather(mine, all); }), "earlier allgather on rank"));
+  } else {
+    // Rank 0 arrives once the others have given up, and completes the length check they left
+    // pending (they keep MPI progressing in the barrier), so that nothing stays in flight.
+    std::this_thread::sleep_for(1000ms);
+    // Non-blocking, as theirs was: MPI never matches a blocking collective with a non-blocking one.
+    long long lengths[2] = {8, -8}, extremes[2];
+    MPI_Request req;
+    MPI_Iallreduce(lengths, extremes, 2, MPI_LONG_LONG, MPI_MAX, comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Not freed: the others' abandoned request may still be in flight on it, and Open MPI does not
+  // survive a communicator freed under a pending non-blocking collective.
+}
+
+TEST_CASE("mpi_world_topology makes servers of consecutive ranks") {
+  const int n = world_size();
+  const fa::two_tier_topology t = fa::mpi_world_topology(1);
+  CHECK(t.servers() == n);
+  CHECK(t.gpus_per_server() == 1);
+  CHECK(fa::mpi_world_topology(n).servers() == 1);
+  CHECK(contains(error_of([&] { fa::mpi_world_topology(n + 1); }), "not a whole number of servers"));
+  CHECK(contains(error_of([&] { fa::mpi_world_topology(0); }), "at least 1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("mpi_transport.handles are 16 bytes and checked on the way in") {
+  static_assert(fa::Transport<fa::mpi_transport>);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  std::vector<std::byte> buf(100);
+  const auto mem = t.register_memory(buf.data(), buf.size());
+  const std::vector<std::byte> h = t.serialize(mem);
+  CHECK(h.size() == fa::mpi_transport::handle_bytes);
+  const auto rem = t.deserialize(world_rank(), h);
+  CHECK(rem.rank == world_rank());
+  CHECK(rem.size == 100);
+  CHECK(contains(error_of([&] { t.deserialize(0, std::span<const std::byte>(h).first(15)); }), "15 bytes, expected 16"));
+  CHECK(contains(error_of([&] { t.deserialize(world_size(), h); }), "not a rank"));
+  CHECK(contains(error_of([&] { t.register_memory(nullptr, 8); }), "null pointer"));
+  CHECK_NOTHROW(t.register_memory(nullptr, 0));
+  CHECK(contains(error_of([] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
+                 "max_message_bytes"));
+}
+
+TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, zero-byte and split") {
+  const ring g;
+  // Sizes straddle the eager limits of shared memory and TCP; one is empty.
+  const std::vector<std::size_t> sizes = {1000, 0, 70000, 1, 300000};
+  const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+  for (std::size_t max_message : {fa::detail::mpi_int_max, std::size_t{4096}, std::size_t{999}}) {
+    CAPTURE(max_message);
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport t(MPI_COMM_WORLD, {.max_message_bytes = max_message});
+    std::vector<std::byte> send(total), recv(total + 2 * sizes.size() + 8, std::byte{0x5a});
+    for (std::size_t i = 0; i < total; ++i) send[i] = pattern(g.me, g.right, i);
+    const auto src = t.register_memory(send.data(), send.size());
+    const auto dst = t.register_memory(recv.data(), recv.size());
+    const auto rem = remote_of(boot, t, dst, g.right);
+
+    // Receive message k at its offset plus a two-byte gap per message: the gaps must stay untouched.
+    std::size_t in = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      t.expect(g.left, dst, in + 2 * k, sizes[k], fa::channel::rail);
+      in += sizes[k];
+    }
+    std::size_t out = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      t.put(g.right, src, out, rem, out + 2 * k, sizes[k], fa::channel::rail);
+      out += sizes[k];
+    }
+    t.signal(g.right, fa::channel::rail);
+    REQUIRE(t.wait(g.left, fa::channel::rail, 1, 20s));
+    t.flush();
+
+    bool bytes_ok = true, gaps_ok = true;
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      for (std::size_t i = 0; i < sizes[k]; ++i)
+        bytes_ok = bytes_ok && recv[pos + 2 * k + i] == pattern(g.left, g.me, pos + i);
+      pos += sizes[k];
+      gaps_ok = gaps_ok && recv[pos + 2 * k] == std::byte{0x5a} && recv[pos + 2 * k + 1] == std::byte{0x5a};
+    }
+    CHECK(bytes_ok);
+    CHECK(gaps_ok);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("mpi_transport.channels are matched separately, whatever order the receiver goes in") {
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  constexpr std::size_t per = 5000; // each channel's two puts: per and per / 2 bytes
+  std::vector<std::byte> send(8 * per), recv(8 * per);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  const auto src = t.register_memory(send.data(), send.size());
+  const auto dst = t.register_memory(recv.data(), recv.size());
+  const auto rem = remote_of(boot, t, dst, g.right);
+  const fa::channel order[] = {fa::channel::copy, fa::channel::balance, fa::channel::rail, fa::channel::redistribute};
+  const auto base = [](fa::channel c) { return 2 * per * static_cast<std::size_t>(c); };
+
+  // Receiver: channels in reverse order. Sender: interleaved across channels, signals at the end.
+  for (int k = 3; k >= 0; --k) {
+    t.expect(g.left, dst, base(order[k]), per, order[k]);
+    t.expect(g.left, dst, base(order[k]) + per, per / 2, order[k]);
+  }
+  for (fa::channel c : order) t.put(g.right, src, base(c), rem, base(c), per, c);
+  for (fa::channel c : order) t.put(g.right, src, base(c) + per, rem, base(c) + per, per / 2, c);
+  for (fa::channel c : {fa::channel::rail, fa::channel::copy, fa::channel::redistribute, fa::channel::balance})
+    t.signal(g.right, c);
+  for (int k = 3; k >= 0; --k) CHECK(t.wait(g.left, order[k], 1, 20s));
+  t.flush();
+  bool ok = true;
+  for (fa::channel c : order)
+    for (std::size_t i = 0; i < per + per / 2; ++i) ok = ok && recv[base(c) + i] == pattern(g.left, g.me, base(c) + i);
+  CHECK(ok);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of later stages") {
+  // All expects are posted up front, as the engine does; the second put happens only after the
+  // receiver has seen the first signal, so a wait that needed every expect would never return.
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  std::vector<std::byte> send(20000), recv(20000);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  const auto src = t.register_memory(send.data(), send.size());
+  const auto dst = t.register_memory(recv.data(), recv.size());
+  const auto rem = remote_of(boot, t, dst, g.right);
+  t.expect(g.left, dst, 0, 10000, fa::channel::rail);
+  t.expect(g.left, dst, 10000, 10000, fa::channel::rail);
+  t.put(g.right, src, 0, rem, 0, 10000, fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  REQUIRE(t.wait(g.left, fa::channel::rail, 1, 20s));
+  bool first = true;
+  for (std::size_t i = 0; i < 10000; ++i) first = first && recv[i] == pattern(g.left, g.me, i);
+  CHECK(first);
+  t.signal(g.left, fa::channel::copy); // "go on" to the rank that sent it
+  REQUIRE(t.wait(g.right, fa::channel::copy, 1, 20s));
+  t.put(g.right, src, 10000, rem, 10000, 10000, fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  REQUIRE(t.wait(g.left, fa::channel::rail, 2, 20s)); // counts are cumulative
+  t.flush();
+  bool second = true;
+  for (std::size_t i = 10000; i < 20000; ++i) second = second && recv[i] == pattern(g.left, g.me, i);
+  CHECK(second);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.zero-byte puts pair with zero-byte expects") {
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  std::vector<std::byte> buf(16, std::byte{1});
+  const auto mem = t.register_memory(buf.data(), buf.size());
+  const auto rem = remote_of(boot, t, mem, g.right);
+  for (int k = 0; k < 3; ++k) t.expect(g.left, mem, 16, 0, fa::channel::balance); // at the very end: still in bounds
+  for (int k = 0; k < 3; ++k) t.put(g.right, mem, 0, rem, 16, 0, fa::channel::balance);
+  t.signal(g.right, fa::channel::balance);
+  CHECK(t.wait(g.left, fa::channel::balance, 1, 20s));
+  t.flush();
+  CHECK(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{1}; }));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.wait returns false at its timeout when the peer never signals") {
+  const ring g;
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  const bool got = t.wait(g.left, fa::channel::redistribute, 1, 300ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK_FALSE(got);
+  CHECK(took >= 300ms);
+  CHECK(took < 2000ms); // polling sleeps at most 200 us at a time: no long overshoot
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.out-of-bounds ranges, bad peers and bad channels are errors naming them") {
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  std::vector<std::byte> buf(100);
+  const auto mem = t.register_memory(buf.data(), buf.size());
+  const fa::mpi_transport::remote rem{0, 50};
+  const std::string e1 = error_of([&] { t.expect(0, mem, 90, 11, fa::channel::rail); });
+  CHECK(contains(e1, "[90, 90 + 11)"));
+  CHECK(contains(e1, "100 bytes"));
+  const std::string e2 = error_of([&] { t.put(0, mem, 0, rem, 40, 11, fa::channel::rail); });
+  CHECK(contains(e2, "destination bytes [40, 40 + 11)"));
+  CHECK(contains(e2, "50 bytes"));
+  CHECK(contains(error_of([&] { t.put(0, mem, 95, rem, 0, 6, fa::channel::rail); }), "source bytes [95, 95 + 6)"));
+  CHECK(contains(error_of([&] { t.put(0, mem, 200, rem, 0, 0, fa::channel::rail); }), "source bytes [200"));
+  CHECK(contains(error_of([&] { t.expect(0, mem, ~std::size_t{0}, 2, fa::channel::rail); }), "outside"));
+  CHECK(contains(error_of([&] { t.signal(-1, fa::channel::rail); }), "peer -1 is not a rank"));
+  CHECK(contains(error_of([&] { (void)t.wait(world_size(), fa::channel::rail, 1, 1ms); }), "not a rank"));
+  CHECK(contains(error_of([&] { t.signal(0, static_cast<fa::channel>(7)); }), "channel 7"));
+  if (world_size() > 1) {
+    const fa::mpi_transport::remote other{1, 100};
+    CHECK(contains(error_of([&] { t.put(0, mem, 0, other, 0, 1, fa::channel::rail); }), "belongs to rank 1"));
+  }
+  t.flush(); // nothing was started
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at wait, not a hang") {
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  std::vector<std::byte> send(64), recv(64);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  const auto src = t.register_memory(send.data(), send.size());
+  const auto dst = t.register_memory(recv.data(), recv.size());
+  const auto rem = remote_of(boot, t, dst, g.right);
+  t.expect(g.left, dst, 0, 32, fa::channel::rail);
+  t.put(g.right, src, 0, rem, 0, 32, fa::channel::rail);
+  t.put(g.right, src, 32, rem, 32, 32, fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  const std::string msg = error_of([&] { (void)t.wait(g.left, fa::channel::rail, 1, 20s); });
+  CHECK(contains(msg, "has put 2 messages on the rail channel"));
+  CHECK(contains(msg, "expects only 1"));
+  // Posting the missing expect repairs it.
+  t.expect(g.left, dst, 32, 32, fa::channel::rail);
+  CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
+  t.flush();
+  bool ok = true;
+  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == pattern(g.left, g.me, i);
+  CHECK(ok);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time") {
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD, {.flush_timeout = 300ms});
+  std::vector<std::byte> send(1 << 20), recv(1 << 20);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  const auto src = t.register_memory(send.data(), send.size());
+  const auto dst = t.register_memory(recv.data(), recv.size());
+  const auto rem = remote_of(boot, t, dst, g.right);
+  // 1 MiB is past every eager limit: the send cannot complete before the receive is posted.
+  t.put(g.right, src, 0, rem, 0, send.size(), fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  const std::string msg = error_of([&] { t.flush(); });
+  CHECK(contains(msg, "sends to rank " + std::to_string(g.right)));
+  CHECK(contains(msg, "within 300 ms"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  t.expect(g.left, dst, 0, recv.size(), fa::channel::rail);
+  CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
+  CHECK_NOTHROW(t.flush());
+  bool ok = true;
+  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == pattern(g.left, g.me, i);
+  CHECK(ok);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine over MPI, byte for byte against MPI_Alltoallv
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+/// One rank's counts and displacements (in elements) for a traffic matrix of element counts. Each
+/// message is followed by a one-element gap, and the receive side is laid out in reverse rank
+/// order, so displacements matter and stray writes land in gaps that are checked.
+struct layout {
+  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  std::uint64_t send_elems = 0, recv_elems = 0;
+};
+
+layout layout_of(const fa::traffic_matrix& t, int me) {
+  const auto n = static_cast<int>(t.rows());
+  layout l;
+  l.send_counts.resize(n);
+  l.send_displs.resize(n);
+  l.recv_counts.resize(n);
+  l.recv_displs.resize(n);
+  for (int j = 0; j < n; ++j) {
+    l.send_counts[j] = t(me, j);
+    l.send_displs[j] = l.send_elems;
+    l.send_elems += t(me, j) + 1;
+  }
+  for (int i = n - 1; i >= 0; --i) {
+    l.recv_counts[i] = t(i, me);
+    l.recv_displs[i] = l.recv_elems;
+    l.recv_elems += t(i, me) + 1;
+  }
+  return l;
+}
+
+/// What one checked call found, summed over all ranks.
+struct call_check {
+  std::uint64_t wrong = 0;      ///< received bytes that differ from the sender's pattern
+  std::uint64_t vs_mpi = 0;     ///< bytes of the receive buffer (gaps included) unlike MPI_Alltoallv's
+  std::uint64_t checked = 0;    ///< message bytes compared
+};
+
+/// Runs one all-to-allv of t (element counts, elements of `elem` bytes) on the engine and with
+/// MPI_Alltoallv on the same send buffer, and compares every byte. Collective.
+template <class Engine>
+call_check check_call(Engine& eng, const fa::traffic_matrix& t, std::size_t elem) {
+  const int me = world_rank(), n = world_size();
+  const layout l = layout_of(t, me);
+  std::vector<std::byte> send(l.send_elems * elem, std::byte{0xa5});
+  std::vector<std::byte> recv(l.recv_elems * elem, std::byte{0x3c}), ref(recv.size(), std::byte{0x3c});
+  for (int j = 0; j < n; ++j)
+    fa::fill_pattern(std::span(send).subspan(l.send_displs[j] * elem, l.send_counts[j] * elem), me, j);
+  eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs, elem);
+
+  MPI_Datatype type;
+  MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &type);
+  MPI_Type_commit(&type);
+  const auto as_int = [](const std::vector<std::uint64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+  const std::vector<int> sc = as_int(l.send_counts), sd = as_int(l.send_displs), rc = as_int(l.recv_counts),
+                         rd = as_int(l.recv_displs);
+  MPI_Alltoallv(send.data(), sc.data(), sd.data(), type, ref.data(), rc.data(), rd.data(), type, MPI_COMM_WORLD);
+  MPI_Type_free(&type);
+
+  std::uint64_t mine[3] = {0, 0, 0};
+  for (int i = 0; i < n; ++i) {
+    const auto got = std::span<const std::byte>(recv).subspan(l.recv_displs[i] * elem, l.recv_counts[i] * elem);
+    mine[0] += fa::pattern_mismatches(got, i, me);
+    mine[2] += got.size();
+  }
+  for (std::size_t k = 0; k < recv.size(); ++k) mine[1] += recv[k] != ref[k];
+  std::uint64_t all[3];
+  MPI_Allreduce(mine, all, 3, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return {all[0], all[1], all[2]};
+}
+
+/// Sums b x b blocks of a square matrix (a 32-rank trace seen by 32 / b ranks).
+fa::traffic_matrix block_sums(const fa::traffic_matrix& t, int b) {
+  const auto n = static_cast<int>(t.rows()) / b;
+  fa::traffic_matrix s = fa::traffic_matrix::Zero(n, n);
+  for (Eigen::Index i = 0; i < t.rows(); ++i)
+    for (Eigen::Index j = 0; j < t.cols(); ++j) s(i / b, j / b) += t(i, j);
+  return s;
+}
+
+/// Server sizes G that divide the process count, from 1 x n to (n / 4) x 4 and beyond.
+std::vector<int> shapes() {
+  std::vector<int> g;
+  for (int k = world_size(); k >= 1; --k)
+    if (world_size() % k == 0) g.push_back(k);
+  return g;
+}
+
+/// The synthetic workloads (element counts), generated identically on every rank from one seed.
+std::vector<std::pair<std::string, fa::traffic_matrix>> synthetic(int n, std::uint64_t per_rank, std::uint64_t seed) {
+  std::vector<std::pair<std::string, fa::traffic_matrix>> w;
+  w.emplace_back("zipf(1.0)", fa::zipf_traffic(n, 1.0, per_rank, seed));
+  w.emplace_back("hotspot", fa::hotspot_traffic(n, std::max(1, n / 4), 0.6, per_rank, seed));
+  w.emplace_back("lognormal(1.0)", fa::lognormal_traffic(n, 1.0, per_rank, seed));
+  // Many empty messages, a rank that sends nothing and a rank that receives nothing.
+  fa::traffic_matrix sparse = fa::zipf_traffic(n, 1.5, per_rank, seed + 1);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      if ((i + 2 * j) % 3 == 0 || i == 0 || j == n - 1) sparse(i, j) = 0;
+  w.emplace_back("sparse, rank 0 sends nothing, rank n-1 receives nothing", sparse);
+  return w;
+}
+
+template <fa::Decomposer D>
+using mpi_engine = fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D>;
+
+/// Every shape and workload through an engine with decomposer D, checked against MPI_Alltoallv.
+template <fa::Decomposer D>
+void engine_matches_alltoallv(const std::vector<int>& gpus, std::size_t elem) {
+  const int n = world_size();
+  for (int G : gpus) {
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD);
+    mpi_engine<D> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s});
+    for (std::uint64_t seed : {1u, 2u})
+      for (const auto& [name, t] : synthetic(n, 3000, seed)) {
+        CAPTURE(D::name);
+        CAPTURE(G);
+        CAPTURE(name);
+        CAPTURE(seed);
+        const call_check c = check_call(eng, t, elem);
+        CHECK(c.wrong == 0);
+        CHECK(c.vs_mpi == 0);
+        CHECK(c.checked == static_cast<std::uint64_t>(t.sum()) * elem);
+      }
+  }
+}
+
+} // namespace
+
+TEST_CASE("engine over MPI.FAST (birkhoff) delivers what MPI_Alltoallv does, every shape and skew") {
+  engine_matches_alltoallv<fa::birkhoff_decomposer>(shapes(), 4);
+}
+
+TEST_CASE("engine over MPI.spread-out and direct plans deliver what MPI_Alltoallv does") {
+  std::vector<int> g = shapes();
+  // The first and last shapes (1 x n and n x 1) and one in between are enough for the baselines.
+  if (g.size() > 3) g = {g.front(), g[g.size() / 2], g.back()};
+  engine_matches_alltoallv<fa::spread_out_decomposer>(g, 4);
+  engine_matches_alltoallv<fa::direct_decomposer>(g, 1);
+}
+
+TEST_CASE("engine over MPI.the Megatron trace, summed down to the process count, byte for byte") {
+  const std::string path = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
+  if (!std::ifstream(path)) {
+    MESSAGE("skipped: " << path << " is not there");
+    return;
+  }
+  const int n = world_size();
+  if (32 % n != 0) {
+    MESSAGE("skipped: " << n << " ranks do not divide the trace's 32");
+    return;
+  }
+  // 16 four-byte elements per token: 64 bytes, so 16 ranks move about 1 MiB each.
+  const fa::traffic_matrix tokens = block_sums(fa::read_matrix(path, 32, 0), 32 / n);
+  const fa::traffic_matrix t = tokens * std::uint64_t{16};
+  for (int G : shapes()) {
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport up(MPI_COMM_WORLD), out(MPI_COMM_WORLD); // scale-up and scale-out apart
+    // A granule of one token: rail splits fall between tokens.
+    mpi_engine<fa::birkhoff_decomposer> eng(fa::mpi_world_topology(G), boot, up, out,
+                                            {.planning = {.granule = 64}, .timeout = 20s});
+    CAPTURE(G);
+    const call_check c = check_call(eng, t, 4);
+    CHECK(c.wrong == 0);
+    CHECK(c.vs_mpi == 0);
+    CHECK(c.checked == static_cast<std::uint64_t>(t.sum()) * 4);
+    // The transposed matrix (the combine that follows the dispatch) on the same engine.
+    const fa::traffic_matrix back = t.transpose();
+    const call_check d = check_call(eng, back, 4);
+    CHECK(d.wrong == 0);
+    CHECK(d.vs_mpi == 0);
+  }
+}
+
+TEST_CASE("engine over MPI.receive counts that disagree with the senders are an error on every rank") {
+  const int me = world_rank(), n = world_size();
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+  mpi_engine<fa::birkhoff_decomposer> eng(fa::mpi_world_topology(1), boot, tr, tr, {.timeout = 20s});
+  const fa::traffic_matrix t = fa::uniform_traffic(n, 100 * static_cast<std::uint64_t>(n), 0);
+  layout l = layout_of(t, me);
+  std::vector<std::byte> send(l.send_elems), recv(l.recv_elems + 8);
+  // The last rank expects one byte more from rank 0 than rank 0 sends (its buffer has room).
+  if (me == n - 1) l.recv_counts[0] += 1;
+  const std::string msg = error_of([&] {
+    eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+  });
+  CHECK(contains(msg, "rank " + std::to_string(n - 1) + " expects 101 bytes from rank 0, which sends 100"));
+  // A rank whose own arguments do not fit its buffers: it names them, the others name it.
+  if (me == n - 1) l.recv_counts[0] -= 1;
+  std::vector<std::byte> small(me == 0 ? 1 : recv.size());
+  const std::string bad = error_of([&] {
+    eng.alltoallv(send, l.send_counts, l.send_displs, small, l.recv_counts, l.recv_displs);
+  });
+  CHECK(contains(bad, me == 0 ? "past the receive buffer" : "rank 0 refused its all-to-allv arguments"));
+  // Nothing was sent: the same engine then runs a correct call.
+  const call_check c = check_call(eng, t, 1);
+  CHECK(c.wrong == 0);
+  CHECK(c.vs_mpi == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// main: MPI around doctest; the exit status is the worst of all ranks.
+// ---------------------------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  doctest::Context ctx(argc, argv);
+  // One report is enough when all agree; the other ranks print only their failures.
+  if (rank != 0) {
+    ctx.setOption("minimal", true);
+    ctx.setOption("no-colors", true);
+  }
+  int result = ctx.run();
+  if (ctx.shouldExit()) {
+    MPI_Finalize();
+    return result;
+  }
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && worst != 0 && result == 0) std::fprintf(stderr, "test_mpi: another rank failed\n");
+  MPI_Finalize();
+  return worst;
+}
