@@ -7,6 +7,7 @@
 #include <fasta2a/cost_model.hpp>
 #include <fasta2a/decompose.hpp>
 #include <fasta2a/engine.hpp>
+#include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/host.hpp>
 #include <fasta2a/json.hpp>
 #include <fasta2a/pattern.hpp>
@@ -70,7 +71,14 @@ Topology:
   --scaleup switch|mesh   switch: H200 NVSwitch, 450 GB/s per GPU port (default);
                           mesh: MI300X xGMI, 64 GB/s per GPU pair
 Planning:
-  --decomposer NAME       how the FAST plan is staged: birkhoff (default), spread-out, direct
+  --decomposer NAME       how the FAST plan is staged: birkhoff (exact, the paper; default),
+                          bottleneck (exact, max-min matchings: fewer stages), quantized (weights
+                          in multiples of a quantum chosen from --alpha: bounded padding, far fewer
+                          stages), best (whichever of those three or spread-out the scale-out
+                          model predicts fastest),
+                          spread-out, direct
+  --adaptive              also predict direct sending, and send directly where that is faster
+                          (small messages); the choice and its reason are printed and reported
   --granule BYTES         rail loads balanced to, and messages split on, this size; generated
                           matrices are made of it too (default 1)
   --alpha US              model cost of one stage's synchronisation, microseconds (default 10)
@@ -92,7 +100,8 @@ Output files (the plan and timeline of the first planned matrix):
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, scaleup_bytes, staging_bytes (largest per-rank staging buffer),
                           lower_bound_s, predicted_s, predicted_spreadout_s, predicted_direct_s,
-                          synthesis_us (whole plan), synthesis_rank_us (rank 0's part)
+                          synthesis_us (whole plan), synthesis_rank_us (rank 0's part),
+                          decomposer and choice (the schedule used and why, with best/--adaptive)
   --svg FILE              the model's timeline, FAST above direct sending
 
 Sizes take the suffixes K, M, G (or KiB, MiB, GiB): powers of 1024. Options take their value as
@@ -150,6 +159,7 @@ struct options {
   int gpus = 0;
   fa::link_model links = fa::h200_links;
   std::string decomposer = "birkhoff";
+  bool adaptive = false;
   bytes_t granule = 1;
   double alpha_us = 10;
   std::size_t max_plan_bytes = fa::plan_options{}.max_plan_bytes;
@@ -284,9 +294,14 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       else throw fa::error("--scaleup expects switch or mesh, got '" + std::string(v) + "'");
     } else if (flag == "--decomposer") {
       const std::string_view v = value();
-      if (v != "birkhoff" && v != "spread-out" && v != "direct")
-        throw fa::error("--decomposer expects birkhoff, spread-out or direct, got '" + std::string(v) + "'");
+      if (v != "birkhoff" && v != "bottleneck" && v != "quantized" && v != "best" && v != "spread-out" &&
+          v != "direct")
+        throw fa::error("--decomposer expects birkhoff, bottleneck, quantized, best, spread-out or direct, got '" +
+                        std::string(v) + "'");
       o.decomposer = std::string(v);
+    } else if (flag == "--adaptive") {
+      no_value();
+      o.adaptive = true;
     } else if (flag == "--granule") {
       o.granule = parse_size(flag, value());
       if (o.granule == 0) throw fa::error("--granule must be at least 1 byte, got 0");
@@ -409,17 +424,44 @@ void check_plan(const fa::plan& p, const fa::traffic_matrix& t, const char* whic
 template <class Planner> struct decomposer_of;
 template <class Topo, class D> struct decomposer_of<fa::planner<Topo, D>> { using type = D; };
 
+using best_decomposer = fa::best_of_decomposer<fa::birkhoff_decomposer, fa::bottleneck_decomposer,
+                                                fa::quantized_decomposer, fa::spread_out_decomposer>;
+
+/// Calls f with the decomposer named on the command line, configured with --alpha and the
+/// topology's NIC bandwidth where it models time: the one place a name becomes a type.
+template <class F>
+decltype(auto) with_decomposer(const options& o, double scaleout_bytes_per_s, F&& f) {
+  const double alpha = o.alpha_us * 1e-6;
+  const fa::quantized_decomposer quantized(alpha, scaleout_bytes_per_s, fa::quantum_rule::formula);
+  if (o.decomposer == "bottleneck") return f(fa::bottleneck_decomposer{});
+  if (o.decomposer == "quantized") return f(quantized);
+  if (o.decomposer == "best")
+    return f(best_decomposer(alpha, scaleout_bytes_per_s, fa::birkhoff_decomposer{}, fa::bottleneck_decomposer{},
+                             quantized, fa::spread_out_decomposer{}));
+  if (o.decomposer == "spread-out") return f(fa::spread_out_decomposer{});
+  if (o.decomposer == "direct") return f(fa::direct_decomposer{});
+  return f(fa::birkhoff_decomposer{});
+}
+
+/// Planning options from the command line: --adaptive adds the direct fallback at --alpha.
+fa::plan_options planning_options(const options& o) {
+  fa::plan_options p{o.granule, o.max_plan_bytes};
+  if (o.adaptive) p.direct_if_faster_alpha = o.alpha_us * 1e-6;
+  return p;
+}
+
 /// The FAST planner with the decomposer chosen on the command line.
 template <fa::Topology Topo>
 using fast_planner =
-    std::variant<fa::planner<Topo, fa::birkhoff_decomposer>, fa::planner<Topo, fa::spread_out_decomposer>,
-                 fa::planner<Topo, fa::direct_decomposer>>;
+    std::variant<fa::planner<Topo, fa::birkhoff_decomposer>, fa::planner<Topo, fa::bottleneck_decomposer>,
+                 fa::planner<Topo, fa::quantized_decomposer>, fa::planner<Topo, best_decomposer>,
+                 fa::planner<Topo, fa::spread_out_decomposer>, fa::planner<Topo, fa::direct_decomposer>>;
 
 template <fa::Topology Topo>
-fast_planner<Topo> make_fast_planner(const std::string& name, const Topo& topo, fa::plan_options opt) {
-  if (name == "spread-out") return fa::planner<Topo, fa::spread_out_decomposer>(topo, opt);
-  if (name == "direct") return fa::planner<Topo, fa::direct_decomposer>(topo, opt);
-  return fa::planner<Topo, fa::birkhoff_decomposer>(topo, opt);
+fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
+  return with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) -> fast_planner<Topo> {
+    return fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec);
+  });
 }
 
 /// The traffic the options ask for: one generated matrix, one matrix of a trace, or all of them.
@@ -487,7 +529,19 @@ struct row {
   bytes_t staging_max = 0;     // the largest per-rank staging buffer
   long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
   double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
+  std::string decomposer, choice; // which schedule the FAST plan uses, and why (adaptive choices)
 };
+
+/// A JSON string literal.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) out += strf("\\u%04x", c);
+    else out += c;
+  }
+  return out + "\"";
+}
 
 constexpr double mib = 1024.0 * 1024.0;
 
@@ -518,7 +572,8 @@ void write_report_line(std::ostream& os, const row& r) {
      << ", \"predicted_spreadout_s\": " << json_real(r.spread_s)
      << ", \"predicted_direct_s\": " << json_real(r.direct_s)
      << ", \"synthesis_us\": " << json_real(r.synthesis_us)
-     << ", \"synthesis_rank_us\": " << json_real(r.synthesis_rank_us) << "}\n";
+     << ", \"synthesis_rank_us\": " << json_real(r.synthesis_rank_us)
+     << ", \"decomposer\": " << json_string(r.decomposer) << ", \"choice\": " << json_string(r.choice) << "}\n";
 }
 
 /// Writes `text` to `path`, or an error naming the file.
@@ -553,7 +608,7 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
                                   n, index_bytes, o.max_plan_bytes));
 
   const fa::plan_options popt{o.granule, o.max_plan_bytes};
-  fast_planner<Topo> fast = make_fast_planner(o.decomposer, topo, popt);
+  fast_planner<Topo> fast = make_fast_planner(o, topo);
   fa::planner<Topo, fa::spread_out_decomposer> spread(topo, popt);
   fa::planner<Topo, fa::direct_decomposer> direct(topo, popt);
   fa::plan fast_plan, spread_plan, direct_plan;
@@ -612,6 +667,8 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
     r.bytes = fast_plan.total_bytes;
     r.stages = fast_plan.stages();
     r.scaleup_bytes = fast_plan.scaleup_bytes;
+    r.decomposer = fast_plan.decomposer;
+    r.choice = fast_plan.choice;
     for (bytes_t b : fast_plan.staging_bytes) {
       r.staging_max = std::max(r.staging_max, b);
       r.staging_sum += static_cast<long double>(b);
@@ -643,6 +700,7 @@ template <fa::Topology Topo> int plan_command(const Topo& topo, const options& o
 
     if (first) print_preamble();
     print_row(std::cout, r);
+    if (!r.choice.empty()) std::cout << "#   matrix " << r.index << " uses " << r.decomposer << ": " << r.choice << "\n";
     if (report.is_open()) {
       write_report_line(report, r);
       if (!report) throw fa::error("cannot write report file '" + o.report_path + "'");
@@ -709,7 +767,7 @@ struct run_figures {
 /// Runs `iters` timed calls (after one warm-up) of the engine with decomposer D on the host
 /// transport, every rank a thread, and checks every received byte of every call.
 template <fa::Decomposer D, fa::Topology Topo>
-run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const options& o) {
+run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const options& o, D dec = D()) {
   using clock = std::chrono::steady_clock;
   const rank_t n = topo.ranks();
   const unsigned calls = o.iters + 1;
@@ -727,7 +785,7 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
         fa::host_bootstrap boot(fabric, r);
         fa::host_transport tr(fabric, r);
         fa::engine<Topo, fa::host_bootstrap, fa::host_transport, fa::host_transport, D> eng(
-            topo, boot, tr, tr, {.planning = {o.granule, o.max_plan_bytes}});
+            topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
         const rank_layout l = layout_of(t, r);
         std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
         for (rank_t j = 0; j < n; ++j)
@@ -806,17 +864,13 @@ template <fa::Topology Topo> int run_command(const Topo& topo, const options& o)
   bytes_t all_checked = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
-    run_figures fast;
-    if (o.decomposer == "spread-out") fast = run_host<fa::spread_out_decomposer>(topo, t, o);
-    else if (o.decomposer == "direct") fast = run_host<fa::direct_decomposer>(topo, t, o);
-    else fast = run_host<fa::birkhoff_decomposer>(topo, t, o);
+    const run_figures fast =
+        with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) { return run_host(topo, t, o, dec); });
     const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
     const fa::plan_options popt{o.granule, o.max_plan_bytes};
-    const double model_fast = o.decomposer == "spread-out"
-                                  ? fa::predict(topo, fa::make_plan<fa::spread_out_decomposer>(topo, t, popt), cp).total_s
-                              : o.decomposer == "direct"
-                                  ? fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s
-                                  : fa::predict(topo, fa::make_plan(topo, t, popt), cp).total_s;
+    const double model_fast = with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) {
+      return fa::predict(topo, fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec).make(t), cp).total_s;
+    });
     const double model_direct = fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s;
     const double lb = fa::lower_bound(topo, t).overall_s();
     const bytes_t total = t.sum();
@@ -886,7 +940,7 @@ bytes_t sum_over_ranks(bytes_t x) {
 /// every received byte of every call checked; with `compare`, MPI_Alltoallv too.
 template <fa::Decomposer D>
 mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_matrix& t, const options& o,
-                           bool compare) {
+                           bool compare, D dec = D()) {
   using clock = std::chrono::steady_clock;
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -894,7 +948,7 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
   fa::mpi_transport tr(MPI_COMM_WORLD);
   fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
-      topo, boot, tr, tr, {.planning = {o.granule, o.max_plan_bytes}});
+      topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
   const rank_layout l = layout_of(t, me);
   std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
   for (rank_t j = 0; j < n; ++j) fa::fill_pattern(std::span(send).subspan(l.send_displs[j], l.send_counts[j]), me, j);
@@ -989,10 +1043,9 @@ int run_mpi_command(const options& o) {
   bytes_t all_checked = 0, all_compared = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
-    mpi_figures fast;
-    if (o.decomposer == "spread-out") fast = run_mpi_engine<fa::spread_out_decomposer>(topo, t, o, o.compare_mpi);
-    else if (o.decomposer == "direct") fast = run_mpi_engine<fa::direct_decomposer>(topo, t, o, o.compare_mpi);
-    else fast = run_mpi_engine<fa::birkhoff_decomposer>(topo, t, o, o.compare_mpi);
+    const mpi_figures fast = with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) {
+      return run_mpi_engine(topo, t, o, o.compare_mpi, dec);
+    });
     const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(topo, t, o, false);
     all_checked += fast.checked + direct.checked;
     all_compared += fast.compared;

@@ -66,7 +66,7 @@ py() {
   "$python" -c "$script" "$@" || fail "python check failed: ${script:0:80}... $*"
 }
 
-report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us"}'
+report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us","decomposer","choice"}'
 
 # check_report FILE LINES RANKS SERVERS GPUS BYTES: every line is a JSON object with exactly the
 # report's keys and the given shape, and the model's predictions respect the lower bound.

@@ -250,11 +250,15 @@ private:
     for (bytes_t w : stages_.weights) staged += alpha + static_cast<double>(w) / bout;
     const bytes_t nic = nic_.empty() ? 0 : *std::max_element(nic_.begin(), nic_.end());
     const double direct = nic > 0 ? alpha + static_cast<double>(nic) / bout : 0.0;
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%s%sdirect %.4g ms vs %s %zu stages %.4g ms (scale-out model, alpha %.3g us)",
-                  p.choice.c_str(), p.choice.empty() ? "" : "; ", direct * 1e3, p.decomposer.c_str(),
-                  stages_.size(), staged * 1e3, alpha * 1e6);
-    p.choice = buf;
+    auto ms = [](double sec) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4g ms", sec * 1e3);
+      return std::string(b);
+    };
+    char a[32];
+    std::snprintf(a, sizeof a, "%.3g", alpha * 1e6);
+    p.choice += (p.choice.empty() ? "" : "; ") + std::string("direct ") + ms(direct) + " vs " + p.decomposer + " " +
+                std::to_string(stages_.size()) + " stages " + ms(staged) + " (scale-out model, alpha " + a + " us)";
     if (direct < staged) {
       p.staged = false;
       p.decomposer = direct_decomposer::name;
