@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,7 +93,7 @@ public:
   rank_t rank() const noexcept { return me_; }
   rank_t ranks() const noexcept { return n_; }
   /// Bytes of staging memory this rank holds (grown to the largest plan so far).
-  bytes_t staging_bytes() const noexcept { return staging_.size(); }
+  bytes_t staging_bytes() const noexcept { return staging_size_; }
   /// This rank's view of the last call's plan.
   const plan& last_plan() const noexcept { return plan_; }
   const call_stats& last_stats() const noexcept { return stats_; }
@@ -214,14 +215,17 @@ private:
   // exchanges the plan hash and every handle.
   void exchange_handles(std::span<const std::byte> send, std::span<std::byte> recv) {
     const bytes_t need = plan_.staging_bytes[me_];
-    if (staging_.size() < need) staging_.resize(need);
+    if (staging_size_ < need) { // grown, never shrunk; left uninitialised (every byte read is written first)
+      staging_ = std::make_unique_for_overwrite<std::byte[]>(need);
+      staging_size_ = need;
+    }
     auto* sendp = const_cast<std::byte*>(send.data()); // registered as a source only
     send_up_ = up_->register_memory(sendp, send.size());
     send_out_ = out_->register_memory(sendp, send.size());
     recv_up_ = up_->register_memory(recv.data(), recv.size());
     recv_out_ = out_->register_memory(recv.data(), recv.size());
-    stage_up_ = up_->register_memory(staging_.data(), staging_.size());
-    stage_out_ = out_->register_memory(staging_.data(), staging_.size());
+    stage_up_ = up_->register_memory(staging_.get(), staging_size_);
+    stage_out_ = out_->register_memory(staging_.get(), staging_size_);
 
     constexpr std::size_t hu = Up::handle_bytes, ho = Out::handle_bytes;
     const std::size_t blob = 8 + 2 * hu + 2 * ho;
@@ -395,7 +399,9 @@ private:
   call_stats stats_;
   std::vector<std::uint64_t> mine_, all_, expected_;
   std::vector<bytes_t> send_displ_;
-  std::vector<std::byte> staging_, handles_, all_handles_;
+  std::unique_ptr<std::byte[]> staging_;
+  bytes_t staging_size_ = 0;
+  std::vector<std::byte> handles_, all_handles_;
   std::vector<rank_t> peers_;
   typename Up::memory send_up_{}, recv_up_{}, stage_up_{};
   typename Out::memory send_out_{}, recv_out_{}, stage_out_{};
