@@ -53,7 +53,7 @@ void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, s
     threads.emplace_back([&, r] {
       try {
         host_bootstrap boot(fabric, r);
-        host_transport tr(fabric, r, opt.waiting);
+        host_transport tr(fabric, r);
         engine<Topo, host_bootstrap, host_transport, host_transport, D> eng(topo, boot, tr, tr, opt);
         for (const traffic_matrix& t : calls) {
           const layout l = layout_of(t, r, elem, 3);

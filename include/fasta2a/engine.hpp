@@ -25,7 +25,8 @@ struct engine_options {
   /// How long a rank waits for any one signal (or the bootstrap) before the call fails with an
   /// error naming the peer, the channel and the stage.
   std::chrono::milliseconds timeout{30000};
-  wait_policy waiting{};
+  // How a rank waits (spin, yield, sleep) belongs to the transports, which do the waiting: give
+  // each its wait_policy when it is made (host_transport, mpi_transport options).
 };
 
 /// Where the time of the last call went (seconds, measured on this rank).

@@ -158,7 +158,7 @@ int run(int argc, char** argv) {
   const fa::two_tier_topology topo = fa::mpi_world_topology(G);
   fa::mpi_bootstrap boot(MPI_COMM_WORLD, {.timeout = std::chrono::minutes(2), .waiting = o.waiting});
   fa::mpi_transport tr(MPI_COMM_WORLD, {.waiting = o.waiting, .flush_timeout = std::chrono::minutes(2)});
-  mpi_engine eng(topo, boot, tr, tr, {.timeout = std::chrono::minutes(2), .waiting = o.waiting});
+  mpi_engine eng(topo, boot, tr, tr, {.timeout = std::chrono::minutes(2)});
   const fa::wait_policy waiting = o.waiting;
 
   if (me == 0) {

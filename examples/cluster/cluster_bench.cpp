@@ -1,0 +1,518 @@
+// fasta2a: the emulated cluster's benchmark driver. Every MPI process is one rank; on one traffic
+// matrix it runs MPI_Alltoallv and the fasta2a engine with direct sending, spread-out and FAST
+// (exact Birkhoff), all on the same send and receive buffers, checks every received byte of every
+// call against the senders' pattern, and prints one JSON object per method (rank 0, stdout).
+//
+//   mpirun -np N cluster_bench --gpus G --workload zipf --bytes-per-rank 16MiB --rate-mbit 200
+//
+// Waiting: 16 ranks share 2 cores here, and a rank that spins while it waits takes the CPU from the
+// ranks that are moving bytes. MPI_Alltoallv is therefore run as MPI_Ialltoallv polled under the
+// same wait_policy (spin, yield, then sleep up to 200 us) as the engine's MPI transport, and every
+// barrier and reduction of the driver is a non-blocking collective polled the same way.
+//
+// NIC bytes: where the cluster script started the rank (FASTA2A_NIC names its NIC), each rank reads
+// its NIC's kernel counters (/sys/class/net/NIC/statistics) before the first and after the last
+// timed call of a method; the JSON holds the per-call bytes of every NIC.
+#include <mpi.h>
+
+#include <fasta2a/cost_model.hpp>
+#include <fasta2a/decompose.hpp>
+#include <fasta2a/engine.hpp>
+#include <fasta2a/fewer_stages.hpp>
+#include <fasta2a/mpi.hpp>
+#include <fasta2a/pattern.hpp>
+#include <fasta2a/traffic.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fa = fasta2a;
+using fa::bytes_t;
+using fa::rank_t;
+
+namespace {
+
+constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [options]
+  --gpus G               ranks per server (servers = N / G, consecutive ranks)
+  --workload W           uniform | zipf | hotspot | megatron (default zipf)
+  --bytes-per-rank B     bytes each rank sends (uniform, zipf, hotspot; default 16MiB)
+  --zipf S               Zipf exponent (default 1.0)
+  --hot K --share X      hot-spot: K hot ranks receive share X of every sender's bytes (1, 0.5)
+  --matrix FILE          megatron: the trace (32 x 32 matrices); reduced to N x N by summing
+  --index K              f x f blocks, f = 32 / N (default index 0)
+  --unit U               megatron: bytes per token (default 4096)
+  --seed S               generator seed (default 1)
+  --granule B            the engine's granule (default 4096: one token of the trace at --unit 4096)
+  --methods LIST         comma-separated subset of mpi,direct,spread-out,fast (default these four),
+                         also fast-bottleneck (exact, heaviest stages first: fewer stages) and
+                         fast-quantized (stages in multiples of a quantum chosen for --alpha-ms);
+                         diagnostics: isend (MPI_Irecv/MPI_Isend to every peer, posted in rank
+                         order 0..N-1, as the engine's direct plan posts them) and isend-rotated
+                         (posted from rank me+1 on, so that senders start on different receivers)
+  --alpha-ms A           fast-quantized: the cost of one stage on this network (default 5)
+  --iters N              timed calls per method after one warm-up (default 5)
+  --rate-mbit R          NIC rate, for the lower bounds (default 200)
+  --label TEXT           the workload's name in the JSON (default: derived)
+Sizes take K, M, G or KiB, MiB, GiB (powers of 1024).
+)";
+
+struct options {
+  int gpus = 0;
+  std::string workload = "zipf";
+  bytes_t bytes_per_rank = bytes_t{16} << 20;
+  double zipf = 1.0;
+  int hot = 1;
+  double share = 0.5;
+  std::string matrix;
+  std::size_t index = 0;
+  bytes_t unit = 4096;
+  std::uint64_t seed = 1;
+  bytes_t granule = 4096;
+  std::vector<std::string> methods{"mpi", "direct", "spread-out", "fast"};
+  unsigned iters = 5;
+  double rate_mbit = 200;
+  double alpha_ms = 5;
+  std::string label;
+};
+
+bytes_t parse_bytes(std::string_view v) {
+  std::size_t end = 0;
+  const std::string s(v);
+  unsigned long long x = 0;
+  try {
+    x = std::stoull(s, &end);
+  } catch (...) {
+    throw fa::error("not a byte count: '" + s + "'");
+  }
+  const std::string suffix = s.substr(end);
+  int shift = 0;
+  if (suffix.empty()) shift = 0;
+  else if (suffix == "K" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else throw fa::error("unknown size suffix in '" + s + "'");
+  if (shift && x > (~0ull >> shift)) throw fa::error("byte count too large: '" + s + "'");
+  return static_cast<bytes_t>(x) << shift;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw fa::error("option " + std::string(flag) + " needs a value");
+    const std::string v = argv[++i];
+    if (flag == "--gpus") o.gpus = std::stoi(v);
+    else if (flag == "--workload") o.workload = v;
+    else if (flag == "--bytes-per-rank") o.bytes_per_rank = parse_bytes(v);
+    else if (flag == "--zipf") o.zipf = std::stod(v);
+    else if (flag == "--hot") o.hot = std::stoi(v);
+    else if (flag == "--share") o.share = std::stod(v);
+    else if (flag == "--matrix") o.matrix = v;
+    else if (flag == "--index") o.index = std::stoul(v);
+    else if (flag == "--unit") o.unit = parse_bytes(v);
+    else if (flag == "--seed") o.seed = std::stoull(v);
+    else if (flag == "--granule") o.granule = parse_bytes(v);
+    else if (flag == "--methods") o.methods = split(v, ',');
+    else if (flag == "--iters") o.iters = static_cast<unsigned>(std::stoul(v));
+    else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
+    else if (flag == "--label") o.label = v;
+    else if (flag == "--alpha-ms") o.alpha_ms = std::stod(v);
+    else throw fa::error("unknown option '" + std::string(flag) + "' (try --help)");
+  }
+  if (o.gpus < 1) throw fa::error("--gpus G is required (ranks per server)");
+  if (o.iters < 1) throw fa::error("--iters must be at least 1");
+  if (o.granule < 1) throw fa::error("--granule must be at least 1");
+  if (!(o.rate_mbit > 0)) throw fa::error("--rate-mbit must be positive");
+  for (const std::string& m : o.methods)
+    if (m != "mpi" && m != "direct" && m != "spread-out" && m != "fast" && m != "fast-bottleneck" &&
+        m != "fast-quantized" && m != "isend" && m != "isend-rotated")
+      throw fa::error("--methods: unknown method '" + m +
+                      "' (mpi, direct, spread-out, fast, fast-bottleneck, fast-quantized)");
+  if (o.workload == "megatron" && o.matrix.empty()) throw fa::error("--workload megatron needs --matrix FILE");
+  if (o.label.empty()) {
+    if (o.workload == "megatron") o.label = "megatron[" + std::to_string(o.index) + "]";
+    else if (o.workload == "zipf") o.label = "zipf(" + std::to_string(o.zipf).substr(0, 4) + ")";
+    else o.label = o.workload;
+  }
+  return o;
+}
+
+/// The workload's n x n matrix; every rank computes the same one.
+fa::traffic_matrix make_traffic(const options& o, rank_t n) {
+  if (o.workload == "uniform") return fa::uniform_traffic(n, o.bytes_per_rank, o.seed, o.granule);
+  if (o.workload == "zipf") return fa::zipf_traffic(n, o.zipf, o.bytes_per_rank, o.seed, o.granule);
+  if (o.workload == "hotspot") return fa::hotspot_traffic(n, o.hot, o.share, o.bytes_per_rank, o.seed, o.granule);
+  if (o.workload != "megatron") throw fa::error("--workload: unknown workload '" + o.workload + "'");
+  // The trace has 32 ranks, server-major (rank = server * 8 + GPU): summing f x f blocks keeps
+  // ranks of one server together whenever n's servers are unions of the trace's.
+  constexpr rank_t trace_ranks = 32;
+  if (trace_ranks % n != 0)
+    throw fa::error("megatron: " + std::to_string(n) + " ranks do not divide the trace's 32");
+  const fa::traffic_matrix full = fa::read_matrix(o.matrix, trace_ranks, o.index, o.unit);
+  const rank_t f = trace_ranks / n;
+  fa::traffic_matrix t = fa::traffic_matrix::Zero(n, n);
+  for (rank_t i = 0; i < trace_ranks; ++i)
+    for (rank_t j = 0; j < trace_ranks; ++j) t(i / f, j / f) += full(i, j);
+  return t;
+}
+
+// --- polled collectives -----------------------------------------------------------------------
+
+const fa::wait_policy waiting{};
+constexpr std::chrono::milliseconds call_timeout{600000};
+
+void complete(MPI_Request& r, const char* what) {
+  const bool done = fa::detail::poll_until(
+      [&] {
+        int flag = 0;
+        MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        return flag != 0;
+      },
+      waiting, call_timeout);
+  if (!done) throw fa::error(std::string(what) + " did not complete within 10 minutes");
+}
+
+void barrier() {
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  complete(r, "MPI_Ibarrier");
+}
+
+template <class T>
+void allreduce(T* values, int count, MPI_Datatype type, MPI_Op op) {
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, values, count, type, op, MPI_COMM_WORLD, &r);
+  complete(r, "MPI_Iallreduce");
+}
+
+double now_s() { // CLOCK_MONOTONIC: one clock for every rank of the machine, and for the sampler
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// --- this rank's buffers ----------------------------------------------------------------------
+
+struct layout {
+  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  bytes_t send_bytes = 0, recv_bytes = 0;
+};
+
+layout layout_of(const fa::traffic_matrix& t, rank_t r) {
+  layout l;
+  for (rank_t j = 0; j < t.rows(); ++j) {
+    l.send_displs.push_back(l.send_bytes);
+    l.send_counts.push_back(t(r, j));
+    l.send_bytes += t(r, j);
+    l.recv_displs.push_back(l.recv_bytes);
+    l.recv_counts.push_back(t(j, r));
+    l.recv_bytes += t(j, r);
+  }
+  return l;
+}
+
+/// The kernel's byte counters of this rank's NIC (when the cluster script named it).
+struct nic_counters {
+  bool known = false;
+  bytes_t tx = 0, rx = 0;
+};
+
+nic_counters read_nic() {
+  nic_counters c;
+  const char* nic = std::getenv("FASTA2A_NIC");
+  if (!nic) return c;
+  const std::string base = std::string("/sys/class/net/") + nic + "/statistics/";
+  std::ifstream tx(base + "tx_bytes"), rx(base + "rx_bytes");
+  if (tx >> c.tx && rx >> c.rx) c.known = true;
+  return c;
+}
+
+/// What one method measured.
+struct result {
+  std::string method;
+  std::vector<double> times;                        // per timed call: last rank's end - first rank's start
+  std::vector<std::pair<double, double>> windows;   // per timed call: [start, end], CLOCK_MONOTONIC
+  double median = 0;
+  std::size_t stages = 0;
+  bytes_t checked = 0;                              // received bytes checked, all ranks and calls
+  bool nic_known = false;
+  std::vector<double> nic_tx, nic_rx;               // per rank, bytes per timed call
+  fa::call_stats stats{};                           // rank 0's breakdown of the last call
+};
+
+class bench {
+public:
+  bench(const options& o, const fa::traffic_matrix& t, rank_t me, rank_t n)
+      : o_(o), t_(t), me_(me), n_(n), l_(layout_of(t, me)), send_(l_.send_bytes), recv_(l_.recv_bytes) {
+    for (rank_t j = 0; j < n; ++j)
+      fa::fill_pattern(std::span(send_).subspan(l_.send_displs[j], l_.send_counts[j]), me, j);
+  }
+
+  /// One warm-up and o.iters timed calls of `call`, each received byte of each call checked.
+  result measure(const std::string& method, const std::function<void()>& call,
+                 const std::function<std::size_t()>& stages = {}, const std::function<fa::call_stats()>& stats = {}) {
+    result r;
+    r.method = method;
+    nic_counters before{}, after{};
+    bytes_t checked = 0;
+    for (unsigned c = 0; c <= o_.iters; ++c) { // call 0 is the warm-up
+      std::fill(recv_.begin(), recv_.end(), std::byte{0});
+      barrier();
+      if (c == 1) before = read_nic();
+      double span[2] = {-now_s(), 0};
+      call();
+      span[1] = now_s();
+      allreduce(span, 2, MPI_DOUBLE, MPI_MAX); // -(earliest start), latest end
+      if (c > 0) {
+        r.times.push_back(span[1] + span[0]);
+        r.windows.emplace_back(-span[0], span[1]);
+      }
+      bytes_t bad = 0;
+      for (rank_t i = 0; i < n_; ++i)
+        bad += fa::pattern_mismatches(std::span<const std::byte>(recv_).subspan(l_.recv_displs[i], l_.recv_counts[i]),
+                                      i, me_);
+      allreduce(&bad, 1, MPI_UINT64_T, MPI_SUM);
+      if (bad != 0) {
+        if (me_ == 0)
+          std::fprintf(stderr, "cluster_bench: error: %s delivered %llu wrong bytes in call %u\n", method.c_str(),
+                       static_cast<unsigned long long>(bad), c);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      checked += l_.recv_bytes;
+    }
+    barrier();
+    after = read_nic();
+    std::vector<double> times = r.times;
+    std::sort(times.begin(), times.end());
+    r.median = times.size() % 2 ? times[times.size() / 2]
+                                : (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
+    allreduce(&checked, 1, MPI_UINT64_T, MPI_SUM);
+    r.checked = checked;
+    if (stages) r.stages = stages();
+    if (stats) r.stats = stats();
+    int known = before.known && after.known ? 1 : 0;
+    allreduce(&known, 1, MPI_INT, MPI_MIN);
+    r.nic_known = known != 0;
+    if (r.nic_known) {
+      std::vector<double> tx(n_, 0), rx(n_, 0);
+      tx[me_] = static_cast<double>(after.tx - before.tx) / o_.iters;
+      rx[me_] = static_cast<double>(after.rx - before.rx) / o_.iters;
+      allreduce(tx.data(), n_, MPI_DOUBLE, MPI_SUM);
+      allreduce(rx.data(), n_, MPI_DOUBLE, MPI_SUM);
+      r.nic_tx = tx;
+      r.nic_rx = rx;
+    }
+    return r;
+  }
+
+  result run_mpi() {
+    const auto ints = [](const std::vector<std::uint64_t>& v) {
+      std::vector<int> out;
+      for (std::uint64_t x : v) {
+        if (x > static_cast<std::uint64_t>(INT_MAX)) throw fa::error("MPI_Alltoallv: a count or displacement passes INT_MAX");
+        out.push_back(static_cast<int>(x));
+      }
+      return out;
+    };
+    const std::vector<int> sc = ints(l_.send_counts), sd = ints(l_.send_displs), rc = ints(l_.recv_counts),
+                           rd = ints(l_.recv_displs);
+    return measure("mpi_alltoallv", [&] {
+      MPI_Request req;
+      MPI_Ialltoallv(send_.data(), sc.data(), sd.data(), MPI_BYTE, recv_.data(), rc.data(), rd.data(), MPI_BYTE,
+                     MPI_COMM_WORLD, &req);
+      complete(req, "MPI_Ialltoallv");
+    });
+  }
+
+  /// Point-to-point all-to-allv, every request polled to completion: posted in rank order, or
+  /// rotated (rank me+1 first), to tell the effect of the order in which transfers are posted.
+  result run_isend(bool rotated) {
+    std::vector<MPI_Request> reqs(2 * static_cast<std::size_t>(n_));
+    return measure(rotated ? "isend-rotated" : "isend", [&] {
+      for (rank_t k = 0; k < n_; ++k) {
+        const rank_t i = rotated ? (me_ + n_ - 1 - k) % n_ : k;
+        MPI_Irecv(recv_.data() + l_.recv_displs[i], static_cast<int>(l_.recv_counts[i]), MPI_BYTE, i, 7,
+                  MPI_COMM_WORLD, &reqs[k]);
+      }
+      for (rank_t k = 0; k < n_; ++k) {
+        const rank_t j = rotated ? (me_ + 1 + k) % n_ : k;
+        MPI_Isend(send_.data() + l_.send_displs[j], static_cast<int>(l_.send_counts[j]), MPI_BYTE, j, 7,
+                  MPI_COMM_WORLD, &reqs[n_ + k]);
+      }
+      const bool done = fa::detail::poll_until(
+          [&] {
+            int flag = 0;
+            MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
+            return flag != 0;
+          },
+          waiting, call_timeout);
+      if (!done) throw fa::error("point-to-point all-to-allv did not complete within 10 minutes");
+    });
+  }
+
+  template <fa::Decomposer D>
+  result run_engine(const std::string& method, D dec = D{}) {
+    const fa::two_tier_topology topo(n_ / o_.gpus, o_.gpus);
+    // Each engine has its own transport: a transport counts signals over its lifetime, an engine
+    // over its own calls.
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD);
+    fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
+        topo, boot, tr, tr, {.planning = {.granule = o_.granule}, .timeout = call_timeout}, std::move(dec));
+    result r = measure(
+        method,
+        [&] {
+          eng.alltoallv(std::span<const std::byte>(send_), l_.send_counts, l_.send_displs, std::span<std::byte>(recv_),
+                        l_.recv_counts, l_.recv_displs);
+        },
+        [&] { return eng.last_plan().stages(); }, [&] { return eng.last_stats(); });
+    barrier(); // nobody frees its transport while a peer may still flush towards it
+    return r;
+  }
+
+private:
+  const options& o_;
+  const fa::traffic_matrix& t_;
+  rank_t me_, n_;
+  layout l_;
+  std::vector<std::byte> send_, recv_;
+};
+
+std::string strf_fixed(double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6f", x);
+  return b;
+}
+
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", x);
+  return b;
+}
+
+template <class V>
+std::string list(const V& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(static_cast<double>(v[i]));
+  return s + "]";
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+int run(int argc, char** argv) {
+  int me = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  const options o = parse(argc, argv);
+  if (n % o.gpus != 0)
+    throw fa::error(std::to_string(n) + " ranks are not a whole number of servers of " + std::to_string(o.gpus));
+  const int S = n / o.gpus, G = o.gpus;
+  const fa::traffic_matrix t = make_traffic(o, n);
+
+  // Lower bounds with the shaped NIC's rate (payload bytes; the wire also carries headers).
+  const double b_out = o.rate_mbit * 1e6 / 8;
+  const fa::two_tier_topology lb_topo(S, G, fa::link_model{fa::scaleup_kind::switch_fabric, 1e12, b_out});
+  const double lb_server = fa::lower_bound(lb_topo, t).scaleout_s;
+  bytes_t gpu_max = 0, inter = 0, total = 0;
+  for (rank_t r = 0; r < n; ++r) {
+    bytes_t out = 0, in = 0;
+    for (rank_t j = 0; j < n; ++j) {
+      total += t(r, j);
+      if (r / G != j / G) {
+        out += t(r, j);
+        in += t(j, r);
+        inter += t(r, j);
+      }
+    }
+    gpu_max = std::max({gpu_max, out, in});
+  }
+  const double lb_gpu = static_cast<double>(gpu_max) / b_out;
+
+  bench b(o, t, me, n);
+  std::vector<result> results;
+  for (const std::string& m : o.methods) {
+    if (me == 0) std::fprintf(stderr, "cluster_bench: %s: %s ...\n", o.label.c_str(), m.c_str());
+    if (m == "mpi") results.push_back(b.run_mpi());
+    else if (m == "isend" || m == "isend-rotated") results.push_back(b.run_isend(m == "isend-rotated"));
+    else if (m == "direct") results.push_back(b.run_engine<fa::direct_decomposer>("direct"));
+    else if (m == "spread-out") results.push_back(b.run_engine<fa::spread_out_decomposer>("spread-out"));
+    else if (m == "fast") results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast"));
+    else if (m == "fast-bottleneck") results.push_back(b.run_engine<fa::bottleneck_decomposer>("fast-bottleneck"));
+    else
+      results.push_back(b.run_engine<fa::quantized_decomposer>(
+          "fast-quantized", fa::quantized_decomposer(o.alpha_ms * 1e-3, b_out, fa::quantum_rule::search)));
+  }
+  if (me != 0) return 0;
+  double mpi_median = NAN;
+  for (const result& r : results)
+    if (r.method == "mpi_alltoallv") mpi_median = r.median;
+  for (const result& r : results) {
+    std::ostringstream js;
+    js << "{\"workload\": " << quote(o.label) << ", \"method\": " << quote(r.method) << ", \"servers\": " << S
+       << ", \"gpus\": " << G << ", \"ranks\": " << n << ", \"rate_mbit\": " << num(o.rate_mbit)
+       << ", \"bytes\": " << total << ", \"inter_server_bytes\": " << inter << ", \"lb_server_s\": " << num(lb_server)
+       << ", \"lb_gpu_s\": " << num(lb_gpu) << ", \"iters\": " << o.iters << ", \"median_s\": " << num(r.median)
+       << ", \"per_lb_server\": " << num(r.median / lb_server) << ", \"per_lb_gpu\": " << num(r.median / lb_gpu)
+       << ", \"speedup_vs_mpi\": " << num(mpi_median / r.median) << ", \"stages\": " << r.stages
+       << ", \"bytes_checked\": " << r.checked << ", \"times_s\": " << list(r.times) << ", \"windows\": [";
+    for (std::size_t k = 0; k < r.windows.size(); ++k)
+      js << (k ? ", " : "") << "[" << strf_fixed(r.windows[k].first) << ", " << strf_fixed(r.windows[k].second) << "]";
+    js << "], \"nic_tx_bytes\": " << (r.nic_known ? list(r.nic_tx) : "null")
+       << ", \"nic_rx_bytes\": " << (r.nic_known ? list(r.nic_rx) : "null")
+       << ", \"plan_s\": " << num(r.stats.plan_s) << ", \"exchange_s\": " << num(r.stats.exchange_s)
+       << ", \"execute_s\": " << num(r.stats.execute_s) << "}";
+    std::printf("%s\n", js.str().c_str());
+    std::fprintf(stderr, "cluster_bench: %-14s %-14s median %8.3f s  %5.2fx LB_server  %5.2fx LB_gpu  %5.2fx vs MPI\n",
+                 o.label.c_str(), r.method.c_str(), r.median, r.median / lb_server, r.median / lb_gpu,
+                 mpi_median / r.median);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  try {
+    run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cluster_bench: error: rank %d: %s\n", me, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Finalize();
+  return 0;
+}
