@@ -374,7 +374,12 @@ TEST_CASE("verify.catches_broken_plans") {
   broken([&](plan& p) { p.stage_weight[0] -= 1; }, "carries");
   broken([&](plan& p) { p.pieces[inter].stage = (p.pieces[inter].stage + 1) % static_cast<int>(p.stages()); }, "in which server");
   broken([&](plan& p) { p.stage_weight.back() += 1 << 20; p.stage_weight[0] += 0; }, "above the lower bound");
-  broken([&](plan& p) { p.op_list.pop_back(); p.op_offsets.back() -= 1; }, "missing ops");
+  broken([&](plan& p) { p.op_list.pop_back(); p.op_offsets.back() -= 1; }, "op index");
+  broken([&](plan& p) {
+    p.op_list.pop_back(); // the last op of the last non-empty bucket
+    std::size_t k = p.op_offsets.size() - 1;
+    while (p.op_offsets[k] > p.op_list.size()) p.op_offsets[k--] = static_cast<std::uint32_t>(p.op_list.size());
+  }, "missing ops");
   broken([&](plan& p) { p.staging_bytes[p.rail_target(p.pieces[inter])] = 0; }, "staging");
   broken([&](plan& p) { p.message_count[1] += 1; }, "");
 }

@@ -124,8 +124,8 @@ inline bytes_t max_line_sum(const server_matrix& m) {
 
 /// Exact Birkhoff-von Neumann decomposition (the FAST paper): pad the matrix so every row and
 /// column sums to L, then peel off perfect matchings of its support, each weighted by its smallest
-/// entry. Weights sum to exactly L; at most S^2 - 2S + 2 stages. The matching of one stage is
-/// repaired for the next (only rows whose entry ran out are re-matched), not recomputed.
+/// entry. Weights sum to exactly L; at most S^2 - 2S + 2 stages, heaviest first. The matching of
+/// one stage is repaired for the next (only rows whose entry ran out are re-matched), not recomputed.
 class birkhoff_decomposer {
 public:
   static constexpr const char* name = "birkhoff";
@@ -164,10 +164,30 @@ public:
           throw error("internal error: Birkhoff decomposition found no perfect matching "
                       "(the padded matrix is not doubly stochastic)");
     }
+    heaviest_first(out);
   }
 
 private:
   std::size_t idx(int i, int j) const noexcept { return static_cast<std::size_t>(i) * n_ + j; }
+
+  // Heaviest stages first (ties in decomposition order): an executor keeps a window of stages in
+  // flight, and a light stage between heavy ones leaves the busiest server's NICs idle (measured on
+  // the emulated cluster). The order changes neither the weights' sum nor the pairs' coverage.
+  void heaviest_first(stage_list& out) {
+    const std::size_t T = out.size(), S = static_cast<std::size_t>(out.servers);
+    order_.resize(T);
+    for (std::size_t t = 0; t < T; ++t) order_[t] = t;
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](std::size_t a, std::size_t b) { return out.weights[a] > out.weights[b]; });
+    sorted_w_.resize(T);
+    sorted_p_.resize(T * S);
+    for (std::size_t t = 0; t < T; ++t) {
+      sorted_w_[t] = out.weights[order_[t]];
+      std::copy_n(out.perms.begin() + order_[t] * S, S, sorted_p_.begin() + t * S);
+    }
+    out.weights.swap(sorted_w_);
+    out.perms.swap(sorted_p_);
+  }
 
   // a_ = m + padding, every line summing to L (diagonal first: a server idle in a stage costs
   // nothing).
@@ -209,7 +229,9 @@ private:
   bytes_t line_ = 0;
   std::vector<bytes_t> a_, row_, col_;
   std::vector<int> match_, owner_, parent_, queue_, broken_;
-  std::vector<std::int32_t> perm_;
+  std::vector<std::int32_t> perm_, sorted_p_;
+  std::vector<std::size_t> order_;
+  std::vector<bytes_t> sorted_w_;
 };
 
 /// Spread-out baseline: S - 1 shift permutations, stage t sending s -> (s + t) mod S with the

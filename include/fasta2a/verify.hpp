@@ -223,6 +223,8 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
   if (p.op_offsets.size() != static_cast<std::size_t>(n) * slots + 1 ||
       p.op_offsets.back() != p.op_list.size())
     return fail("op index has the wrong size");
+  for (std::size_t k = 1; k < p.op_offsets.size(); ++k)
+    if (p.op_offsets[k] < p.op_offsets[k - 1]) return fail("op index offsets decrease at slot " + to_string(k));
   std::vector<std::uint16_t> marks(p.pieces.size(), 0);
   for (rank_t r = 0; r < n; ++r)
     for (std::size_t st = 0; st < slots; ++st)
