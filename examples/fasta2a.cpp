@@ -735,24 +735,13 @@ struct delivery_failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Counts and displacements of one rank for traffic t (bytes): messages packed in rank order.
-struct rank_layout {
-  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
-  bytes_t send_bytes = 0, recv_bytes = 0;
-};
-
-rank_layout layout_of(const fa::traffic_matrix& t, rank_t r) {
-  const auto n = static_cast<rank_t>(t.rows());
-  rank_layout l;
-  for (rank_t j = 0; j < n; ++j) {
-    l.send_displs.push_back(l.send_bytes);
-    l.send_counts.push_back(t(r, j));
-    l.send_bytes += t(r, j);
-    l.recv_displs.push_back(l.recv_bytes);
-    l.recv_counts.push_back(t(j, r));
-    l.recv_bytes += t(j, r);
-  }
-  return l;
+/// Throws delivery_failure if any byte rank `me` received in call `call` differs from its
+/// sender's pattern.
+void check_delivery(const fa::packed_layout& l, std::span<const std::byte> recv, rank_t me, unsigned call) {
+  rank_t from = -1;
+  if (const auto bad = l.mismatches(recv, me, &from))
+    throw delivery_failure("rank " + std::to_string(me) + ": " + std::to_string(bad) + " received bytes are wrong, the first from rank " +
+                           std::to_string(from) + " (call " + std::to_string(call) + ")");
 }
 
 /// What running one matrix on one engine type measured.
@@ -786,10 +775,9 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
         fa::host_transport tr(fabric, r);
         fa::engine<Topo, fa::host_bootstrap, fa::host_transport, fa::host_transport, D> eng(
             topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
-        const rank_layout l = layout_of(t, r);
+        const fa::packed_layout l(t, r);
         std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
-        for (rank_t j = 0; j < n; ++j)
-          fa::fill_pattern(std::span(send).subspan(l.send_displs[j], l.send_counts[j]), r, j);
+        l.fill(send, r);
         for (unsigned c = 0; c < calls; ++c) {
           std::fill(recv.begin(), recv.end(), std::byte{0});
           sync.arrive_and_wait();
@@ -797,13 +785,7 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
           eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
           stop[c * n + r] = clock::now();
           if (r == 0) stats[c] = eng.last_stats();
-          for (rank_t i = 0; i < n; ++i) {
-            const auto got = std::span<const std::byte>(recv).subspan(l.recv_displs[i], l.recv_counts[i]);
-            if (const auto bad = fa::pattern_mismatches(got, i, r))
-              throw delivery_failure("rank " + std::to_string(r) + ": " + std::to_string(bad) + " of " +
-                                     std::to_string(got.size()) + " bytes from rank " + std::to_string(i) +
-                                     " are wrong (call " + std::to_string(c) + ")");
-          }
+          check_delivery(l, recv, r, c);
           checked += l.recv_bytes;
           sync.arrive_and_wait(); // nobody refills while another rank still checks
         }
@@ -949,9 +931,9 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
   fa::mpi_transport tr(MPI_COMM_WORLD);
   fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
       topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
-  const rank_layout l = layout_of(t, me);
+  const fa::packed_layout l(t, me);
   std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
-  for (rank_t j = 0; j < n; ++j) fa::fill_pattern(std::span(send).subspan(l.send_displs[j], l.send_counts[j]), me, j);
+  l.fill(send, me);
 
   mpi_figures f;
   std::vector<std::pair<double, fa::call_stats>> calls;
@@ -963,13 +945,7 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
     eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
     const double s = slowest_rank(std::chrono::duration<double>(clock::now() - start).count());
     if (c > 0) calls.emplace_back(s, eng.last_stats());
-    for (rank_t i = 0; i < n; ++i) {
-      const auto got = std::span<const std::byte>(recv).subspan(l.recv_displs[i], l.recv_counts[i]);
-      if (const auto bad = fa::pattern_mismatches(got, i, me))
-        throw delivery_failure("rank " + std::to_string(me) + ": " + std::to_string(bad) + " of " +
-                               std::to_string(got.size()) + " bytes from rank " + std::to_string(i) +
-                               " are wrong (call " + std::to_string(c) + ")");
-    }
+    check_delivery(l, recv, me, c);
     checked += l.recv_bytes;
   }
   std::sort(calls.begin(), calls.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -214,23 +214,7 @@ double now_s() { // CLOCK_MONOTONIC: one clock for every rank of the machine, an
 
 // --- this rank's buffers ----------------------------------------------------------------------
 
-struct layout {
-  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
-  bytes_t send_bytes = 0, recv_bytes = 0;
-};
-
-layout layout_of(const fa::traffic_matrix& t, rank_t r) {
-  layout l;
-  for (rank_t j = 0; j < t.rows(); ++j) {
-    l.send_displs.push_back(l.send_bytes);
-    l.send_counts.push_back(t(r, j));
-    l.send_bytes += t(r, j);
-    l.recv_displs.push_back(l.recv_bytes);
-    l.recv_counts.push_back(t(j, r));
-    l.recv_bytes += t(j, r);
-  }
-  return l;
-}
+using layout = fa::packed_layout;
 
 /// The kernel's byte counters of this rank's NIC (when the cluster script named it).
 struct nic_counters {
@@ -264,7 +248,7 @@ struct result {
 class bench {
 public:
   bench(const options& o, const fa::traffic_matrix& t, rank_t me, rank_t n)
-      : o_(o), t_(t), me_(me), n_(n), l_(layout_of(t, me)), send_(l_.send_bytes), recv_(l_.recv_bytes) {
+      : o_(o), t_(t), me_(me), n_(n), l_(t, me), send_(l_.send_bytes), recv_(l_.recv_bytes) {
     for (rank_t j = 0; j < n; ++j)
       fa::fill_pattern(std::span(send_).subspan(l_.send_displs[j], l_.send_counts[j]), me, j);
   }

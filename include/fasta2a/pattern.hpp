@@ -1,5 +1,6 @@
 // fasta2a: a deterministic byte pattern for messages, to fill send buffers and check every
-// received byte (tests, the CLI's `run`, benchmarks).
+// received byte, and the packed all-to-allv layout of a traffic matrix (tests, the CLI's `run`,
+// benchmarks).
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <bit>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "fasta2a/common.hpp"
 
@@ -53,6 +55,47 @@ inline std::uint64_t pattern_mismatches(std::span<const std::byte> buf, rank_t s
   for (; i < buf.size(); ++i) bad += buf[i] != pattern_byte(src, dst, i);
   return bad;
 }
+
+/// One rank's all-to-allv arguments for a traffic matrix (bytes), messages packed in rank order:
+/// what MPI_Alltoallv takes, in bytes.
+struct packed_layout {
+  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  bytes_t send_bytes = 0, recv_bytes = 0;
+
+  /// Rank r's layout: it sends row r of t and receives column r. T is any matrix type with
+  /// rows() and operator()(i, j) giving bytes (traffic_matrix).
+  template <class T>
+  packed_layout(const T& t, rank_t r) {
+    const auto n = static_cast<rank_t>(t.rows());
+    for (rank_t j = 0; j < n; ++j) {
+      send_displs.push_back(send_bytes);
+      send_counts.push_back(t(r, j));
+      send_bytes += t(r, j);
+      recv_displs.push_back(recv_bytes);
+      recv_counts.push_back(t(j, r));
+      recv_bytes += t(j, r);
+    }
+  }
+
+  /// Fills rank `me`'s send buffer (send_bytes long) with every message's pattern.
+  void fill(std::span<std::byte> send, rank_t me) const noexcept {
+    for (std::size_t j = 0; j < send_counts.size(); ++j)
+      fill_pattern(send.subspan(send_displs[j], send_counts[j]), me, static_cast<rank_t>(j));
+  }
+
+  /// Received bytes of rank `me` that differ from their senders' patterns; `first_bad` (if given)
+  /// is set to the first sender with a wrong byte, or -1.
+  std::uint64_t mismatches(std::span<const std::byte> recv, rank_t me, rank_t* first_bad = nullptr) const noexcept {
+    std::uint64_t bad = 0;
+    if (first_bad) *first_bad = -1;
+    for (std::size_t i = 0; i < recv_counts.size(); ++i) {
+      const std::uint64_t b = pattern_mismatches(recv.subspan(recv_displs[i], recv_counts[i]), static_cast<rank_t>(i), me);
+      if (b && first_bad && *first_bad < 0) *first_bad = static_cast<rank_t>(i);
+      bad += b;
+    }
+    return bad;
+  }
+};
 
 static_assert(std::endian::native == std::endian::little, "fill_pattern assumes a little-endian host");
 
