@@ -194,7 +194,6 @@ TEST_CASE("planner.verify.megatron_all_600_matrices") {
 
 TEST_CASE("planner.verify.10000_random_matrices_1x1_to_16x8") {
   std::mt19937_64 rng(20261129);
-  int planned = 0;
   plan p;
   for (int iter = 0; iter < 10000; ++iter) {
     const int S = 1 + static_cast<int>(rng() % 16), G = 1 + static_cast<int>(rng() % 8);
@@ -216,9 +215,7 @@ TEST_CASE("planner.verify.10000_random_matrices_1x1_to_16x8") {
       check_plan(make_plan<spread_out_decomposer>(topo, t, {.granule = granule}), t, false);
       check_plan(make_plan<direct_decomposer>(topo, t), t, false);
     }
-    ++planned;
   }
-  CHECK(planned == 10000);
 }
 
 TEST_CASE("planner.deterministic_and_reusable") {
