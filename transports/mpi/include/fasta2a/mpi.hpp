@@ -51,6 +51,17 @@ inline std::size_t mpi_chunks(std::size_t n, std::size_t limit) noexcept {
   return n == 0 ? 1 : (n - 1) / limit + 1;
 }
 
+/// Calls f(offset, length) for each chunk of n bytes cut at `limit` (one empty chunk for n = 0):
+/// sender and receiver cut a message identically, so chunks match one to one.
+template <class F>
+void for_each_chunk(std::size_t n, std::size_t limit, F&& f) {
+  const std::size_t chunks = mpi_chunks(n, limit);
+  for (std::size_t k = 0; k < chunks; ++k) {
+    const std::size_t off = k * limit;
+    f(off, n == 0 ? 0 : std::min(limit, n - off));
+  }
+}
+
 } // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -339,17 +350,13 @@ public:
                   ", not to the peer " + std::to_string(peer));
     check_range(src_off, n, src.size, "put", "source", peer);
     check_range(dst_off, n, dst.size, "put", "destination", peer);
-    const std::size_t limit = opt_.max_message_bytes;
-    const std::size_t chunks = detail::mpi_chunks(n, limit);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t off = k * limit;
-      const std::size_t len = n == 0 ? 0 : std::min(limit, n - off);
+    detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
       MPI_Request r = MPI_REQUEST_NULL;
       detail::mpi_check(MPI_Isend(src.ptr + src_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
                         "mpi_transport::put: MPI_Isend");
       sends_.push_back(r);
       send_peer_.push_back(peer);
-    }
+    });
     ++puts_sent_[lane(peer, c)];
   }
 
@@ -360,16 +367,12 @@ public:
     const std::size_t c = check_channel(ch, "expect");
     check_range(dst_off, n, dst.size, "expect", "destination", peer);
     inbound& in = inbound_[lane(peer, c)];
-    const std::size_t limit = opt_.max_message_bytes;
-    const std::size_t chunks = detail::mpi_chunks(n, limit);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t off = k * limit;
-      const std::size_t len = n == 0 ? 0 : std::min(limit, n - off);
+    detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
       MPI_Request r = MPI_REQUEST_NULL;
       detail::mpi_check(MPI_Irecv(dst.ptr + dst_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
                         "mpi_transport::expect: MPI_Irecv");
       in.reqs.push_back(r);
-    }
+    });
     in.expect_end.push_back(in.reqs_base + in.reqs.size());
     ++in.expects_posted;
   }
