@@ -249,8 +249,7 @@ class bench {
 public:
   bench(const options& o, const fa::traffic_matrix& t, rank_t me, rank_t n)
       : o_(o), t_(t), me_(me), n_(n), l_(t, me), send_(l_.send_bytes), recv_(l_.recv_bytes) {
-    for (rank_t j = 0; j < n; ++j)
-      fa::fill_pattern(std::span(send_).subspan(l_.send_displs[j], l_.send_counts[j]), me, j);
+    l_.fill(send_, me);
   }
 
   /// One warm-up and o.iters timed calls of `call`, each received byte of each call checked.
@@ -272,10 +271,7 @@ public:
         r.times.push_back(span[1] + span[0]);
         r.windows.emplace_back(-span[0], span[1]);
       }
-      bytes_t bad = 0;
-      for (rank_t i = 0; i < n_; ++i)
-        bad += fa::pattern_mismatches(std::span<const std::byte>(recv_).subspan(l_.recv_displs[i], l_.recv_counts[i]),
-                                      i, me_);
+      bytes_t bad = l_.mismatches(recv_, me_);
       allreduce(&bad, 1, MPI_UINT64_T, MPI_SUM);
       if (bad != 0) {
         if (me_ == 0)

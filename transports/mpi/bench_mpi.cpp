@@ -84,46 +84,27 @@ double max_over_ranks(double x) {
   return m;
 }
 
-/// One rank's buffers and counts for a traffic matrix of bytes, messages packed in rank order.
-struct buffers {
-  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
-  std::vector<int> isc, isd, irc, ird; // the same for MPI's int interface
+/// One rank's buffers and counts for a traffic matrix of bytes, messages packed in rank order
+/// (fasta2a::packed_layout), with the int arrays MPI's interface takes.
+struct buffers : fa::packed_layout {
+  std::vector<int> isc, isd, irc, ird;
   std::vector<std::byte> send, recv;
   bool fits_int = true;
+  buffers(const fa::traffic_matrix& t, int me) : fa::packed_layout(t, me), send(send_bytes), recv(recv_bytes) {
+    fits_int = send_bytes <= INT_MAX && recv_bytes <= INT_MAX;
+    for (std::size_t j = 0; j < send_counts.size() && fits_int; ++j) {
+      isc.push_back(static_cast<int>(send_counts[j]));
+      isd.push_back(static_cast<int>(send_displs[j]));
+      irc.push_back(static_cast<int>(recv_counts[j]));
+      ird.push_back(static_cast<int>(recv_displs[j]));
+    }
+    fill(send, me);
+  }
 };
-
-buffers make_buffers(const fa::traffic_matrix& t, int me) {
-  const auto n = static_cast<int>(t.rows());
-  buffers b;
-  std::uint64_t s = 0, r = 0;
-  for (int j = 0; j < n; ++j) {
-    b.send_counts.push_back(t(me, j));
-    b.send_displs.push_back(s);
-    s += t(me, j);
-    b.recv_counts.push_back(t(j, me));
-    b.recv_displs.push_back(r);
-    r += t(j, me);
-  }
-  b.fits_int = s <= INT_MAX && r <= INT_MAX;
-  for (int j = 0; j < n && b.fits_int; ++j) {
-    b.isc.push_back(static_cast<int>(b.send_counts[j]));
-    b.isd.push_back(static_cast<int>(b.send_displs[j]));
-    b.irc.push_back(static_cast<int>(b.recv_counts[j]));
-    b.ird.push_back(static_cast<int>(b.recv_displs[j]));
-  }
-  b.send.resize(s);
-  b.recv.resize(r);
-  for (int j = 0; j < n; ++j)
-    fa::fill_pattern(std::span(b.send).subspan(b.send_displs[j], b.send_counts[j]), me, j);
-  return b;
-}
 
 /// Throws unless every received byte is what its sender's pattern says (checked on every rank).
 void check_received(const buffers& b, int me, const char* who) {
-  std::uint64_t bad = 0;
-  for (std::size_t i = 0; i < b.recv_counts.size(); ++i)
-    bad += fa::pattern_mismatches(std::span(b.recv).subspan(b.recv_displs[i], b.recv_counts[i]), static_cast<int>(i), me);
-  std::uint64_t all = 0;
+  std::uint64_t bad = b.mismatches(b.recv, me), all = 0;
   MPI_Allreduce(&bad, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   if (all != 0) throw fa::error(std::string(who) + " delivered " + std::to_string(all) + " wrong bytes");
 }
@@ -183,7 +164,7 @@ int run(int argc, char** argv) {
       const std::uint64_t per_rank = size * static_cast<std::uint64_t>(n);
       const fa::traffic_matrix t = std::string_view(workload) == "uniform" ? fa::uniform_traffic(n, per_rank, 0)
                                                                              : fa::zipf_traffic(n, 1.0, per_rank, 7);
-      buffers b = make_buffers(t, me);
+      buffers b(t, me);
       std::vector<double> shares, plan_us, exchange_us;
       const double engine_s = time_calls(b, me, o.iters, "the engine", [&] {
         eng.alltoallv(b.send, b.send_counts, b.send_displs, b.recv, b.recv_counts, b.recv_displs);

@@ -49,14 +49,6 @@ std::string error_of(const std::function<void()>& f) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-/// The byte rank `src` places at position i of what it sends to `dst` (i counts from the start of
-/// that message): every byte says where it came from, so a misplaced byte cannot pass.
-std::byte pattern(int src, int dst, std::uint64_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(src) * 1000003u + static_cast<std::uint64_t>(dst)) * 0x9e3779b97f4a7c15ULL;
-  x ^= i * 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 29;
-  return static_cast<std::byte>(x & 0xff);
-}
 
 /// The ring neighbours of this rank (itself when alone).
 struct ring {
@@ -200,7 +192,7 @@ TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, ze
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
     fa::mpi_transport t(MPI_COMM_WORLD, {.max_message_bytes = max_message});
     std::vector<std::byte> send(total), recv(total + 2 * sizes.size() + 8, std::byte{0x5a});
-    for (std::size_t i = 0; i < total; ++i) send[i] = pattern(g.me, g.right, i);
+    for (std::size_t i = 0; i < total; ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
     const auto src = t.register_memory(send.data(), send.size());
     const auto dst = t.register_memory(recv.data(), recv.size());
     const auto rem = remote_of(boot, t, dst, g.right);
@@ -224,7 +216,7 @@ TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, ze
     std::size_t pos = 0;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       for (std::size_t i = 0; i < sizes[k]; ++i)
-        bytes_ok = bytes_ok && recv[pos + 2 * k + i] == pattern(g.left, g.me, pos + i);
+        bytes_ok = bytes_ok && recv[pos + 2 * k + i] == fa::pattern_byte(g.left, g.me, pos + i);
       pos += sizes[k];
       gaps_ok = gaps_ok && recv[pos + 2 * k] == std::byte{0x5a} && recv[pos + 2 * k + 1] == std::byte{0x5a};
     }
@@ -240,7 +232,7 @@ TEST_CASE("mpi_transport.channels are matched separately, whatever order the rec
   fa::mpi_transport t(MPI_COMM_WORLD);
   constexpr std::size_t per = 5000; // each channel's two puts: per and per / 2 bytes
   std::vector<std::byte> send(8 * per), recv(8 * per);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
   const auto src = t.register_memory(send.data(), send.size());
   const auto dst = t.register_memory(recv.data(), recv.size());
   const auto rem = remote_of(boot, t, dst, g.right);
@@ -260,7 +252,7 @@ TEST_CASE("mpi_transport.channels are matched separately, whatever order the rec
   t.flush();
   bool ok = true;
   for (fa::channel c : order)
-    for (std::size_t i = 0; i < per + per / 2; ++i) ok = ok && recv[base(c) + i] == pattern(g.left, g.me, base(c) + i);
+    for (std::size_t i = 0; i < per + per / 2; ++i) ok = ok && recv[base(c) + i] == fa::pattern_byte(g.left, g.me, base(c) + i);
   CHECK(ok);
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -272,7 +264,7 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
   fa::mpi_transport t(MPI_COMM_WORLD);
   std::vector<std::byte> send(20000), recv(20000);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
   const auto src = t.register_memory(send.data(), send.size());
   const auto dst = t.register_memory(recv.data(), recv.size());
   const auto rem = remote_of(boot, t, dst, g.right);
@@ -282,7 +274,7 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
   t.signal(g.right, fa::channel::rail);
   REQUIRE(t.wait(g.left, fa::channel::rail, 1, 20s));
   bool first = true;
-  for (std::size_t i = 0; i < 10000; ++i) first = first && recv[i] == pattern(g.left, g.me, i);
+  for (std::size_t i = 0; i < 10000; ++i) first = first && recv[i] == fa::pattern_byte(g.left, g.me, i);
   CHECK(first);
   t.signal(g.left, fa::channel::copy); // "go on" to the rank that sent it
   REQUIRE(t.wait(g.right, fa::channel::copy, 1, 20s));
@@ -291,7 +283,7 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
   REQUIRE(t.wait(g.left, fa::channel::rail, 2, 20s)); // counts are cumulative
   t.flush();
   bool second = true;
-  for (std::size_t i = 10000; i < 20000; ++i) second = second && recv[i] == pattern(g.left, g.me, i);
+  for (std::size_t i = 10000; i < 20000; ++i) second = second && recv[i] == fa::pattern_byte(g.left, g.me, i);
   CHECK(second);
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -354,7 +346,7 @@ TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at 
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
   fa::mpi_transport t(MPI_COMM_WORLD);
   std::vector<std::byte> send(64), recv(64);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
   const auto src = t.register_memory(send.data(), send.size());
   const auto dst = t.register_memory(recv.data(), recv.size());
   const auto rem = remote_of(boot, t, dst, g.right);
@@ -370,7 +362,7 @@ TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at 
   CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
   t.flush();
   bool ok = true;
-  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == pattern(g.left, g.me, i);
+  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == fa::pattern_byte(g.left, g.me, i);
   CHECK(ok);
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -380,7 +372,7 @@ TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
   fa::mpi_transport t(MPI_COMM_WORLD, {.flush_timeout = 300ms});
   std::vector<std::byte> send(1 << 20), recv(1 << 20);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = pattern(g.me, g.right, i);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
   const auto src = t.register_memory(send.data(), send.size());
   const auto dst = t.register_memory(recv.data(), recv.size());
   const auto rem = remote_of(boot, t, dst, g.right);
@@ -395,7 +387,7 @@ TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time
   CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
   CHECK_NOTHROW(t.flush());
   bool ok = true;
-  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == pattern(g.left, g.me, i);
+  for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == fa::pattern_byte(g.left, g.me, i);
   CHECK(ok);
   MPI_Barrier(MPI_COMM_WORLD);
 }
