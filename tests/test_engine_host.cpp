@@ -122,6 +122,26 @@ TEST_CASE("engine.host.random_skewed_matrices_byte_exact") {
   }
 }
 
+TEST_CASE("engine.host.every_rail_window_delivers_the_same_bytes") {
+  std::mt19937_64 rng(31);
+  for (std::size_t window : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{1000}}) {
+    CAPTURE(window);
+    engine_options opt;
+    opt.rail_window = window;
+    std::vector<traffic_matrix> calls;
+    for (int c = 0; c < 3; ++c) calls.push_back(skewed(12, rng, 1));
+    run_and_check(two_tier_topology(4, 3), calls, 1, opt);
+  }
+  host_fabric fabric(1);
+  host_bootstrap boot(fabric, 0);
+  host_transport tr(fabric, 0);
+  engine_options zero;
+  zero.rail_window = 0;
+  CHECK_THROWS_WITH_AS((engine<two_tier_topology, host_bootstrap, host_transport, host_transport>(
+                           two_tier_topology(1, 1), boot, tr, tr, zero)),
+                       doctest::Contains("rail_window"), error);
+}
+
 TEST_CASE("engine.host.baselines_and_shapes") {
   std::mt19937_64 rng(7);
   const std::vector<traffic_matrix> calls = {skewed(16, rng, 1), traffic_matrix::Zero(16, 16), skewed(16, rng, 1)};

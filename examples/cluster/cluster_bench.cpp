@@ -32,6 +32,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -60,7 +61,11 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          diagnostics: isend (MPI_Irecv/MPI_Isend to every peer, posted in rank
                          order 0..N-1, as the engine's direct plan posts them) and isend-rotated
                          (posted from rank me+1 on, so that senders start on different receivers)
-  --alpha-ms A           fast-quantized: the cost of one stage on this network (default 5)
+                         fast-adaptive (exact Birkhoff, but direct sending wherever the engine's
+                         model predicts it faster: plan_options::direct_if_faster_alpha)
+  --alpha-ms A           fast-quantized, fast-adaptive: the cost of one stage on this network
+                         (default 5)
+  --rail-window W        the engine's rail_window: stages in flight per sender (default 2)
   --iters N              timed calls per method after one warm-up (default 5)
   --rate-mbit R          NIC rate, for the lower bounds (default 200)
   --label TEXT           the workload's name in the JSON (default: derived)
@@ -83,6 +88,7 @@ struct options {
   unsigned iters = 5;
   double rate_mbit = 200;
   double alpha_ms = 5;
+  std::size_t rail_window = fa::engine_options{}.rail_window;
   std::string label;
 };
 
@@ -138,6 +144,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--methods") o.methods = split(v, ',');
     else if (flag == "--iters") o.iters = static_cast<unsigned>(std::stoul(v));
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
+    else if (flag == "--rail-window") o.rail_window = std::stoul(v);
     else if (flag == "--label") o.label = v;
     else if (flag == "--alpha-ms") o.alpha_ms = std::stod(v);
     else throw fa::error("unknown option '" + std::string(flag) + "' (try --help)");
@@ -148,9 +155,9 @@ options parse(int argc, char** argv) {
   if (!(o.rate_mbit > 0)) throw fa::error("--rate-mbit must be positive");
   for (const std::string& m : o.methods)
     if (m != "mpi" && m != "direct" && m != "spread-out" && m != "fast" && m != "fast-bottleneck" &&
-        m != "fast-quantized" && m != "isend" && m != "isend-rotated")
+        m != "fast-quantized" && m != "fast-adaptive" && m != "isend" && m != "isend-rotated")
       throw fa::error("--methods: unknown method '" + m +
-                      "' (mpi, direct, spread-out, fast, fast-bottleneck, fast-quantized)");
+                      "' (mpi, direct, spread-out, fast, fast-bottleneck, fast-quantized, fast-adaptive)");
   if (o.workload == "megatron" && o.matrix.empty()) throw fa::error("--workload megatron needs --matrix FILE");
   if (o.label.empty()) {
     if (o.workload == "megatron") o.label = "megatron[" + std::to_string(o.index) + "]";
@@ -243,6 +250,7 @@ struct result {
   bool nic_known = false;
   std::vector<double> nic_tx, nic_rx;               // per rank, bytes per timed call
   fa::call_stats stats{};                           // rank 0's breakdown of the last call
+  std::string executed;                             // the plan that ran: its decomposer ("direct" if adaptive chose it)
 };
 
 class bench {
@@ -353,14 +361,21 @@ public:
   }
 
   template <fa::Decomposer D>
-  result run_engine(const std::string& method, D dec = D{}) {
-    const fa::two_tier_topology topo(n_ / o_.gpus, o_.gpus);
+  result run_engine(const std::string& method, D dec = D{}, std::optional<double> direct_if_faster_alpha = {}) {
+    // The engine's model sees this network: the shaped NIC rate (what best-of and adaptive
+    // choices weigh), scale-up left at the H200 default (shared memory is far faster than a NIC).
+    const double b_out = o_.rate_mbit * 1e6 / 8;
+    const fa::two_tier_topology topo(n_ / o_.gpus, o_.gpus, fa::link_model{fa::scaleup_kind::switch_fabric, 450e9, b_out});
     // Each engine has its own transport: a transport counts signals over its lifetime, an engine
     // over its own calls.
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
     fa::mpi_transport tr(MPI_COMM_WORLD);
     fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
-        topo, boot, tr, tr, {.planning = {.granule = o_.granule}, .timeout = call_timeout}, std::move(dec));
+        topo, boot, tr, tr,
+        {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha},
+         .timeout = call_timeout,
+         .rail_window = o_.rail_window},
+        std::move(dec));
     result r = measure(
         method,
         [&] {
@@ -368,6 +383,7 @@ public:
                         l_.recv_counts, l_.recv_displs);
         },
         [&] { return eng.last_plan().stages(); }, [&] { return eng.last_stats(); });
+    r.executed = eng.last_plan().decomposer;
     barrier(); // nobody frees its transport while a peer may still flush towards it
     return r;
   }
@@ -448,6 +464,8 @@ int run(int argc, char** argv) {
     else if (m == "spread-out") results.push_back(b.run_engine<fa::spread_out_decomposer>("spread-out"));
     else if (m == "fast") results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast"));
     else if (m == "fast-bottleneck") results.push_back(b.run_engine<fa::bottleneck_decomposer>("fast-bottleneck"));
+    else if (m == "fast-adaptive")
+      results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast-adaptive", {}, o.alpha_ms * 1e-3));
     else
       results.push_back(b.run_engine<fa::quantized_decomposer>(
           "fast-quantized", fa::quantized_decomposer(o.alpha_ms * 1e-3, b_out, fa::quantum_rule::search)));
@@ -470,7 +488,7 @@ int run(int argc, char** argv) {
     js << "], \"nic_tx_bytes\": " << (r.nic_known ? list(r.nic_tx) : "null")
        << ", \"nic_rx_bytes\": " << (r.nic_known ? list(r.nic_rx) : "null")
        << ", \"plan_s\": " << num(r.stats.plan_s) << ", \"exchange_s\": " << num(r.stats.exchange_s)
-       << ", \"execute_s\": " << num(r.stats.execute_s) << "}";
+       << ", \"execute_s\": " << num(r.stats.execute_s) << ", \"executed\": " << quote(r.executed) << "}";
     std::printf("%s\n", js.str().c_str());
     std::fprintf(stderr, "cluster_bench: %-14s %-14s median %8.3f s  %5.2fx LB_server  %5.2fx LB_gpu  %5.2fx vs MPI\n",
                  o.label.c_str(), r.method.c_str(), r.median, r.median / lb_server, r.median / lb_gpu,

@@ -25,8 +25,19 @@ struct engine_options {
   /// How long a rank waits for any one signal (or the bootstrap) before the call fails with an
   /// error naming the peer, the channel and the stage.
   std::chrono::milliseconds timeout{30000};
-  // How a rank waits (spin, yield, sleep) belongs to the transports, which do the waiting: give
-  // each its wait_policy when it is made (host_transport, mpi_transport options).
+  /// Rail stages whose sends may be in flight from this rank at once. A rank posts the rail sends
+  /// of stage t as soon as its balance data for t has arrived and its rail sends of stage
+  /// t - rail_window have left it (Transport::sent): each rank paces its own NIC, with no wait for
+  /// what other ranks receive, so one slow flow does not hold the next stage back everywhere.
+  /// 1 keeps stages strictly apart at every sender; larger windows overlap stages, so a receiver
+  /// has at most rail_window senders at once while each sender splits its NIC among as many
+  /// flows (bounded incast, no overload). 3 measured best on the emulated cluster (README,
+  /// examples/cluster): Zipf 1.31 / 1.15 / 1.05 x LB_server with windows 1 / 2 / 3. At least 1.
+  std::size_t rail_window = 3;
+  /// How the engine's own event loop waits when nothing is ready (spin, yield, then sleep with
+  /// back-off). Blocking waits inside a transport use that transport's wait_policy, given when it
+  /// is made (host_transport, mpi_transport options).
+  wait_policy waiting{};
 };
 
 /// Where the time of the last call went (seconds, measured on this rank).
@@ -64,9 +75,11 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
 /// arguments), so every rank knows the whole traffic matrix; (2) every rank computes its own part
 /// of the same plan (planner::make_rank_into);
 /// (3) a second allgather compares plan hashes and exchanges memory handles; (4) the plan runs:
-/// self and intra-server copies, then per step j the balance of stage j, the rail transfer of
-/// stage j - 1 and the redistribution of stage j - 2, with point-to-point signals per stage and
-/// no global barrier between stages. Staging memory is sized from the plan, allocated once and
+/// self and intra-server copies, then the stages as an event loop: balance puts run
+/// engine_options::rail_window stages ahead, a rank sends stage t on its rail once its balance
+/// data for t has arrived and its own rail sends of stage t - rail_window have left it (each rank
+/// paces its NIC; no rank waits for what others receive), and each stage is redistributed as soon
+/// as its rail data lands. Signals are point to point; there is no barrier between stages. Staging memory is sized from the plan, allocated once and
 /// only ever grown, and reused across calls; the allgathers order one call after the previous one.
 ///
 /// An error raised before execution (bad arguments, counts or plans that disagree) leaves the
@@ -86,7 +99,9 @@ public:
       throw error("engine: the bootstrap has " + std::to_string(boot.size()) + " ranks, the topology " +
                   std::to_string(topo.servers()) + " x " + std::to_string(topo.gpus_per_server()) +
                   " = " + std::to_string(n_));
+    if (opt_.rail_window < 1) throw error("engine: rail_window must be at least 1");
     expected_.assign(static_cast<std::size_t>(n_) * 2 * channel_count, 0);
+    rail_signals_.assign(static_cast<std::size_t>(n_), 0);
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -274,16 +289,31 @@ private:
                   " within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
+  // Takes the next signal from (peer, ch) if it is there already; never blocks.
+  template <class Tr>
+  bool take(Tr& tr, bool scaleup, rank_t peer, channel ch) {
+    std::uint64_t& e = expected_[(static_cast<std::size_t>(peer) * 2 + (scaleup ? 0 : 1)) * channel_count +
+                                 static_cast<std::uint32_t>(ch)];
+    if (!tr.test(peer, ch, e + 1)) return false;
+    ++e;
+    return true;
+  }
+
   // Distinct peers of one op list, in first-seen order (lists are short: G or fewer peers).
   template <class PeerOf>
   const std::vector<rank_t>& peers_of(std::span<const rank_op> ops, op_kind kind, PeerOf&& peer_of) {
-    peers_.clear();
+    return peers_into(peers_, ops, kind, peer_of);
+  }
+  template <class PeerOf>
+  const std::vector<rank_t>& peers_into(std::vector<rank_t>& out, std::span<const rank_op> ops, op_kind kind,
+                                        PeerOf&& peer_of) {
+    out.clear();
     for (const rank_op& op : ops)
       if (op.kind == kind) {
         const rank_t p = peer_of(plan_.pieces[op.piece]);
-        if (std::find(peers_.begin(), peers_.end(), p) == peers_.end()) peers_.push_back(p);
+        if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
       }
-    return peers_;
+    return out;
   }
 
   void execute(std::span<const std::byte> send, std::span<std::byte> recv) {
@@ -330,54 +360,12 @@ private:
       }
     }
     for (rank_t d : peers_of(first, op_kind::intra_send, dst_of)) up_->signal(d, channel::copy);
-    for (rank_t d : peers_of(first, op_kind::direct_send, dst_of)) out_->signal(d, channel::rail);
-
-    // The pipeline: step j balances stage j, sends stage j - 1 on the rails, redistributes j - 2.
-    for (std::size_t j = 0; j < T + 2; ++j) {
-      if (j < T) {
-        const auto ops = p.ops(me_, j);
-        for (const rank_op& op : ops)
-          if (op.kind == op_kind::balance_send) {
-            const piece& pc = p.pieces[op.piece];
-            const rank_t a = rail_src(pc);
-            up_->put(a, send_up_, send_displ_[pc.dst] + pc.offset, remote_stage_up_[a], pc.stage_out, pc.bytes,
-                     channel::balance);
-          }
-        for (rank_t a : peers_of(ops, op_kind::balance_send, rail_src)) up_->signal(a, channel::balance);
-      }
-      if (j >= 1 && j <= T) {
-        const std::size_t t = j - 1;
-        const auto ops = p.ops(me_, t);
-        for (rank_t s : peers_of(ops, op_kind::balance_recv, src_of)) await(*up_, true, s, channel::balance, t);
-        rank_t peer = -1;
-        for (const rank_op& op : ops)
-          if (op.kind == op_kind::rail_send) {
-            const piece& pc = p.pieces[op.piece];
-            peer = rail_dst(pc);
-            const bool own = pc.src == me_;
-            const auto& from = own ? send_out_ : stage_out_;
-            const bytes_t from_at = own ? send_displ_[pc.dst] + pc.offset : pc.stage_out;
-            if (pc.dst == peer)
-              out_->put(peer, from, from_at, remote_recv_out_[peer], recv_displ(peer, pc.src) + pc.offset, pc.bytes,
-                        channel::rail);
-            else
-              out_->put(peer, from, from_at, remote_stage_out_[peer], pc.stage_in, pc.bytes, channel::rail);
-          }
-        if (peer >= 0) out_->signal(peer, channel::rail);
-      }
-      if (j >= 2) {
-        const std::size_t t = j - 2;
-        const auto ops = p.ops(me_, t);
-        for (rank_t s : peers_of(ops, op_kind::rail_recv, rail_src)) await(*out_, false, s, channel::rail, t);
-        for (const rank_op& op : ops)
-          if (op.kind == op_kind::redistribute_send) {
-            const piece& pc = p.pieces[op.piece];
-            up_->put(pc.dst, stage_up_, pc.stage_in, remote_recv_up_[pc.dst], recv_displ(pc.dst, pc.src) + pc.offset,
-                     pc.bytes, channel::redistribute);
-          }
-        for (rank_t d : peers_of(ops, op_kind::redistribute_send, dst_of)) up_->signal(d, channel::redistribute);
-      }
+    for (rank_t d : peers_of(first, op_kind::direct_send, dst_of)) {
+      out_->signal(d, channel::rail);
+      ++rail_signals_[d]; // counted like a stage's rail signal, so that sent() counts stay exact
     }
+
+    if (T > 0) run_stages();
 
     // Everything addressed to this rank's receive buffer has landed.
     for (rank_t s : peers_of(first, op_kind::intra_recv, src_of)) await(*up_, true, s, channel::copy, 0);
@@ -387,6 +375,119 @@ private:
         await(*up_, true, s, channel::redistribute, t);
     up_->flush();
     out_->flush();
+  }
+
+  // The staged part, as an event loop over three cursors: balance puts run rail_window stages
+  // ahead of the rail; the rail sends of stage t start once t's balance data has arrived and this
+  // rank's rail sends of stage t - rail_window have left it; stage r is redistributed as soon as
+  // its rail data has arrived. Nothing waits on a condition while another one could progress.
+  void run_stages() {
+    const plan& p = plan_;
+    const std::size_t T = p.stages(), W = opt_.rail_window;
+    auto src_of = [](const piece& pc) { return pc.src; };
+    auto dst_of = [](const piece& pc) { return pc.dst; };
+    auto rail_src = [&](const piece& pc) { return p.rail_source(pc); };
+    auto rail_dst = [&](const piece& pc) { return p.rail_target(pc); };
+
+    auto post_balance = [&](std::size_t t) {
+      const auto ops = p.ops(me_, t);
+      for (const rank_op& op : ops)
+        if (op.kind == op_kind::balance_send) {
+          const piece& pc = p.pieces[op.piece];
+          const rank_t a = rail_src(pc);
+          up_->put(a, send_up_, send_displ_[pc.dst] + pc.offset, remote_stage_up_[a], pc.stage_out, pc.bytes,
+                   channel::balance);
+        }
+      for (rank_t a : peers_of(ops, op_kind::balance_send, rail_src)) up_->signal(a, channel::balance);
+    };
+    rail_peer_.assign(T, -1);
+    rail_count_.assign(T, 0);
+    auto post_rail = [&](std::size_t t) {
+      rank_t peer = -1;
+      for (const rank_op& op : p.ops(me_, t))
+        if (op.kind == op_kind::rail_send) {
+          const piece& pc = p.pieces[op.piece];
+          peer = rail_dst(pc);
+          const bool own = pc.src == me_;
+          const auto& from = own ? send_out_ : stage_out_;
+          const bytes_t from_at = own ? send_displ_[pc.dst] + pc.offset : pc.stage_out;
+          if (pc.dst == peer)
+            out_->put(peer, from, from_at, remote_recv_out_[peer], recv_displ(peer, pc.src) + pc.offset, pc.bytes,
+                      channel::rail);
+          else
+            out_->put(peer, from, from_at, remote_stage_out_[peer], pc.stage_in, pc.bytes, channel::rail);
+        }
+      if (peer >= 0) {
+        out_->signal(peer, channel::rail);
+        std::uint64_t& n = rail_signals_[peer];
+        rail_peer_[t] = peer;
+        rail_count_[t] = ++n;
+      }
+    };
+    auto post_redistribute = [&](std::size_t t) {
+      const auto ops = p.ops(me_, t);
+      for (const rank_op& op : ops)
+        if (op.kind == op_kind::redistribute_send) {
+          const piece& pc = p.pieces[op.piece];
+          up_->put(pc.dst, stage_up_, pc.stage_in, remote_recv_up_[pc.dst], recv_displ(pc.dst, pc.src) + pc.offset,
+                   pc.bytes, channel::redistribute);
+        }
+      for (rank_t d : peers_of(ops, op_kind::redistribute_send, dst_of)) up_->signal(d, channel::redistribute);
+    };
+
+    std::size_t rail = 0, redist = 0, bal_i = 0, in_i = 0;
+    const std::size_t ahead = std::min(T, W);
+    for (std::size_t t = 0; t < ahead; ++t) post_balance(t);
+    peers_into(bal_peers_, p.ops(me_, 0), op_kind::balance_recv, src_of);
+    peers_into(in_peers_, p.ops(me_, 0), op_kind::rail_recv, rail_src);
+
+    detail::backoff idle(opt_.waiting);
+    auto last = std::chrono::steady_clock::now();
+    while (rail < T || redist < T) {
+      bool moved = false;
+      if (rail < T) {
+        while (bal_i < bal_peers_.size() && take(*up_, true, bal_peers_[bal_i], channel::balance)) ++bal_i, moved = true;
+        const bool window_open = rail < W || rail_peer_[rail - W] < 0 ||
+                                 out_->sent(rail_peer_[rail - W], channel::rail, rail_count_[rail - W]);
+        if (bal_i == bal_peers_.size() && window_open) {
+          post_rail(rail);
+          if (rail + W < T) post_balance(rail + W);
+          ++rail;
+          bal_i = 0;
+          if (rail < T) peers_into(bal_peers_, p.ops(me_, rail), op_kind::balance_recv, src_of);
+          moved = true;
+        }
+      }
+      if (redist < T) {
+        while (in_i < in_peers_.size() && take(*out_, false, in_peers_[in_i], channel::rail)) ++in_i, moved = true;
+        if (in_i == in_peers_.size()) {
+          post_redistribute(redist);
+          ++redist;
+          in_i = 0;
+          if (redist < T) peers_into(in_peers_, p.ops(me_, redist), op_kind::rail_recv, rail_src);
+          moved = true;
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (moved) {
+        idle.reset();
+        last = now;
+        continue;
+      }
+      if (now - last >= opt_.timeout) {
+        const std::string within = " within " + std::to_string(opt_.timeout.count()) + " ms";
+        const std::string who = "rank " + std::to_string(me_) + ": ";
+        if (redist < T && in_i < in_peers_.size())
+          throw error(who + "no " + to_string(channel::rail) + " signal from rank " + std::to_string(in_peers_[in_i]) +
+                      " in stage " + std::to_string(redist) + within);
+        if (rail < T && bal_i < bal_peers_.size())
+          throw error(who + "no " + to_string(channel::balance) + " signal from rank " +
+                      std::to_string(bal_peers_[bal_i]) + " in stage " + std::to_string(rail) + within);
+        throw error(who + "its rail sends of stage " + std::to_string(rail - W) + " to rank " +
+                    std::to_string(rail_peer_[rail - W]) + " did not leave" + within);
+      }
+      idle.pause();
+    }
   }
 
   planner<Topo, D> planner_;
@@ -403,7 +504,9 @@ private:
   std::unique_ptr<std::byte[]> staging_;
   bytes_t staging_size_ = 0;
   std::vector<std::byte> handles_, all_handles_;
-  std::vector<rank_t> peers_;
+  std::vector<rank_t> peers_, bal_peers_, in_peers_, rail_peer_;
+  std::vector<std::uint64_t> rail_count_;
+  std::vector<std::uint64_t> rail_signals_; // rail signals sent per peer, over the lifetime
   typename Up::memory send_up_{}, recv_up_{}, stage_up_{};
   typename Out::memory send_out_{}, recv_out_{}, stage_out_{};
   std::vector<typename Up::remote> remote_recv_up_, remote_stage_up_;

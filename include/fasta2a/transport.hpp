@@ -59,6 +59,11 @@ inline const char* to_string(channel c) noexcept {
 /// - `wait(peer, ch, count, timeout)`: true once this rank's counter for (peer, ch) reaches count
 ///   and every expect that those signals cover (the peer's puts on ch before its count-th signal)
 ///   has completed; false at the timeout. Expects of later stages may still be pending.
+/// - `test(peer, ch, count)`: one poll of `wait`, never blocking (the engine's own event loop
+///   interleaves several conditions with it).
+/// - `sent(peer, ch, count)`: never blocking; true once every put this rank made to peer on ch
+///   before its count-th signal there has left this rank (its source may be reused, the network
+///   has the bytes). The engine paces its rail stages with it.
 /// - `flush()`: every put this rank started has completed (its source may be reused).
 template <class T>
 concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer,
@@ -75,6 +80,8 @@ concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t p
   t.expect(peer, mem, n, n, ch);
   t.signal(peer, ch);
   { t.wait(peer, ch, count, timeout) } -> std::same_as<bool>;
+  { t.test(peer, ch, count) } -> std::same_as<bool>;
+  { t.sent(peer, ch, count) } -> std::same_as<bool>;
   t.flush();
 };
 
@@ -90,21 +97,40 @@ struct wait_policy {
 
 namespace detail {
 
+/// The waiting of one wait_policy, one pause at a time: spin, then yield, then sleep with
+/// exponential back-off. `reset()` after progress starts over.
+class backoff {
+public:
+  explicit backoff(const wait_policy& wp) noexcept : wp_(&wp), sleep_(wp.min_sleep) {}
+  void reset() noexcept {
+    polls_ = 0;
+    sleep_ = wp_->min_sleep;
+  }
+  void pause() {
+    ++polls_;
+    if (polls_ <= wp_->spin) return;
+    if (polls_ <= wp_->spin + wp_->yields) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, wp_->max_sleep);
+  }
+
+private:
+  const wait_policy* wp_;
+  int polls_ = 0;
+  std::chrono::microseconds sleep_;
+};
+
 /// Polls `ready()` under a wait_policy until it is true (returns true) or `timeout` passes.
 template <class Ready>
 bool poll_until(Ready&& ready, const wait_policy& wp, std::chrono::milliseconds timeout) {
-  for (int i = 0; i < wp.spin; ++i)
-    if (ready()) return true;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int i = 0; i < wp.yields; ++i) {
-    if (ready()) return true;
-    std::this_thread::yield();
-  }
-  auto sleep = wp.min_sleep;
+  backoff b(wp);
   while (!ready()) {
     if (std::chrono::steady_clock::now() >= deadline) return ready();
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, wp.max_sleep);
+    b.pause();
   }
   return true;
 }

@@ -288,6 +288,45 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("mpi_transport.sent says when a signal's puts have left; test polls wait once") {
+  const ring g;
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport t(MPI_COMM_WORLD);
+  constexpr std::size_t big = 1 << 20, small = 100; // past every eager limit, and under them
+  std::vector<std::byte> send(big + small), recv(big + small);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
+  const auto src = t.register_memory(send.data(), send.size());
+  const auto dst = t.register_memory(recv.data(), recv.size());
+  const auto rem = remote_of(boot, t, dst, g.right);
+
+  t.expect(g.left, dst, 0, big, fa::channel::rail);
+  t.expect(g.left, dst, big, small, fa::channel::rail);
+  CHECK(t.sent(g.right, fa::channel::rail, 0)); // nothing signalled: nothing to wait for
+  t.put(g.right, src, 0, rem, 0, big, fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  t.put(g.right, src, big, rem, big, small, fa::channel::rail);
+  t.signal(g.right, fa::channel::rail);
+  CHECK(contains(error_of([&] { t.sent(g.right, fa::channel::rail, 3); }), "2 times"));
+  CHECK(contains(error_of([&] { t.sent(world_size(), fa::channel::rail, 1); }), "not a rank"));
+  // Polling test() until it holds is wait(): the bytes it vouches for have landed.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!t.test(g.left, fa::channel::rail, 2) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(t.test(g.left, fa::channel::rail, 2));
+  CHECK(fa::pattern_mismatches(std::span<const std::byte>(recv), g.left, g.me) == 0);
+  // Once the peer has everything, both of this rank's sends complete; sent() sees it by polling.
+  while (!t.sent(g.right, fa::channel::rail, 2) && std::chrono::steady_clock::now() < deadline) {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE); // progress
+    std::this_thread::yield();
+  }
+  CHECK(t.sent(g.right, fa::channel::rail, 1));
+  CHECK(t.sent(g.right, fa::channel::rail, 2));
+  t.flush();
+  CHECK(t.sent(g.right, fa::channel::rail, 2)); // flushed counts stay sent
+  CHECK_FALSE(t.test(g.left, fa::channel::rail, 3));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("mpi_transport.zero-byte puts pair with zero-byte expects") {
   const ring g;
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
@@ -502,13 +541,19 @@ template <fa::Decomposer D>
 using mpi_engine = fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D>;
 
 /// Every shape and workload through an engine with decomposer D, checked against MPI_Alltoallv.
+/// The engine's rail window goes round 1 (stages apart), 3 (the default) and 64 (every stage at
+/// once) over the shapes.
 template <fa::Decomposer D>
 void engine_matches_alltoallv(const std::vector<int>& gpus, std::size_t elem) {
   const int n = world_size();
-  for (int G : gpus) {
+  const std::size_t windows[] = {1, 3, 64};
+  for (std::size_t k = 0; k < gpus.size(); ++k) {
+    const int G = gpus[k];
+    const std::size_t window = windows[k % 3];
+    CAPTURE(window);
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
     fa::mpi_transport tr(MPI_COMM_WORLD);
-    mpi_engine<D> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s});
+    mpi_engine<D> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s, .rail_window = window});
     for (std::uint64_t seed : {1u, 2u})
       for (const auto& [name, t] : synthetic(n, 3000, seed)) {
         CAPTURE(D::name);

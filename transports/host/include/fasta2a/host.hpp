@@ -168,6 +168,13 @@ public:
     return detail::poll_until([&] { return c.load(std::memory_order_acquire) >= count; }, waiting_, timeout);
   }
 
+  bool test(rank_t peer, channel ch, std::uint64_t count) const noexcept {
+    return fabric_->counter(rank_, peer, ch).load(std::memory_order_acquire) >= count;
+  }
+
+  /// Puts are copies made before put returns: they have always left.
+  bool sent(rank_t, channel, std::uint64_t) const noexcept { return true; }
+
   void flush() const noexcept {}
 
 private:

@@ -280,6 +280,7 @@ public:
     MPI_Comm_size(comm_, &size_);
     const std::size_t lanes = static_cast<std::size_t>(size_) * channel_count;
     inbound_.resize(lanes);
+    outbound_.resize(lanes);
     puts_sent_.assign(lanes, 0);
   }
 
@@ -354,6 +355,7 @@ public:
       MPI_Request r = MPI_REQUEST_NULL;
       detail::mpi_check(MPI_Isend(src.ptr + src_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
                         "mpi_transport::put: MPI_Isend");
+      outbound_[lane(peer, c)].reqs.push_back(sends_.size());
       sends_.push_back(r);
       send_peer_.push_back(peer);
     });
@@ -389,6 +391,9 @@ public:
                       "mpi_transport::signal: MPI_Isend");
     sends_.push_back(r);
     send_peer_.push_back(peer);
+    outbound& o = outbound_[lane(peer, c)];
+    o.mark.push_back(o.reqs.size());
+    ++o.signals;
   }
 
   /// True once `count` signals from peer on channel ch have arrived (counted over the transport's
@@ -401,6 +406,35 @@ public:
     const std::size_t c = check_channel(ch, "wait");
     inbound& in = inbound_[lane(peer, c)];
     return detail::poll_until([&] { return progress(in, peer, c, count); }, opt_.waiting, timeout);
+  }
+
+  /// One poll of wait(peer, ch, count): never blocks.
+  bool test(rank_t peer, channel ch, std::uint64_t count) {
+    check_peer(peer, "test");
+    const std::size_t c = check_channel(ch, "test");
+    return progress(inbound_[lane(peer, c)], peer, c, count);
+  }
+
+  /// True once every put this rank made to peer on channel ch before its count-th signal there has
+  /// left this rank (MPI_Test says its send completed: the source may be reused). Never blocks.
+  /// Throws fasta2a::error if this rank has not signalled peer count times on ch.
+  bool sent(rank_t peer, channel ch, std::uint64_t count) {
+    check_peer(peer, "sent");
+    const std::size_t c = check_channel(ch, "sent");
+    outbound& o = outbound_[lane(peer, c)];
+    if (count <= o.base) return true; // flushed
+    if (count > o.signals)
+      throw error("mpi_transport::sent: rank " + std::to_string(rank_) + " has signalled rank " + std::to_string(peer) +
+                  " " + std::to_string(o.signals) + " times on the " + to_string(ch) + " channel, not " +
+                  std::to_string(count));
+    const std::size_t need = o.mark[count - 1 - o.base];
+    while (o.done < need) {
+      int flag = 0;
+      detail::mpi_check(MPI_Test(&sends_[o.reqs[o.done]], &flag, MPI_STATUS_IGNORE), "mpi_transport::sent: MPI_Test");
+      if (!flag) return false;
+      ++o.done;
+    }
+    return true;
   }
 
   /// Returns once every put and signal this rank started has completed (its source may be reused).
@@ -429,6 +463,12 @@ public:
     sends_.clear();
     send_peer_.clear();
     signal_payload_.clear();
+    for (outbound& o : outbound_) {
+      o.base = o.signals;
+      o.reqs.clear();
+      o.mark.clear();
+      o.done = 0;
+    }
   }
 
 private:
@@ -444,6 +484,15 @@ private:
     std::uint64_t chunks_done = 0; ///< chunks [0, chunks_done) have completed
     std::uint64_t signals = 0;     ///< signals received
     std::uint64_t covered = 0;     ///< puts the latest received signal vouches for
+  };
+
+  /// What this rank has sent to one (peer, channel) since the last flush, for sent().
+  struct outbound {
+    std::vector<std::size_t> reqs; ///< indices into sends_ of the put chunks, in order
+    std::vector<std::size_t> mark; ///< per signal since the flush: how many of reqs it covers
+    std::size_t done = 0;          ///< reqs[0, done) are known complete
+    std::uint64_t signals = 0;     ///< signals sent over the lifetime
+    std::uint64_t base = 0;        ///< signals sent before the last flush (all complete)
   };
 
   static int data_tag(std::size_t c) noexcept { return static_cast<int>(c); }
@@ -525,6 +574,7 @@ private:
   int rank_ = 0;
   int size_ = 1;
   std::vector<inbound> inbound_;          ///< per (peer, channel)
+  std::vector<outbound> outbound_;        ///< per (peer, channel)
   std::vector<std::uint64_t> puts_sent_;  ///< per (peer, channel): puts made over the lifetime
   std::vector<MPI_Request> sends_;        ///< puts and signals in flight, until flush
   std::vector<rank_t> send_peer_;         ///< the peer of each, for flush's message
