@@ -282,6 +282,50 @@ TEST_CASE("engine.host.silent_peer_times_out_naming_peer_and_stage") {
   MESSAGE("rank 1: " << errors[1]);
 }
 
+TEST_CASE("engine.host.rail_sends_that_never_leave_time_out_naming_the_stage") {
+  // Rank 0's transport never reports its sends as gone: with one stage in flight it cannot start
+  // stage 1, and must say so within the timeout; the others must name rank 0 as the one missing.
+  struct stuck_transport : host_transport {
+    using host_transport::host_transport;
+    bool sent(rank_t, channel, std::uint64_t) const noexcept { return false; }
+  };
+  static_assert(Transport<stuck_transport>);
+  const rank_t n = 3; // 3 servers x 1 GPU, uniform: two rail stages
+  host_fabric fabric(n, std::chrono::milliseconds(5000));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  const traffic_matrix t = uniform_traffic(n, 4096, 1);
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        engine_options opt;
+        opt.timeout = std::chrono::milliseconds(300);
+        opt.rail_window = 1;
+        layout l = layout_of(t, r, 1, 0);
+        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
+        if (r == 0) {
+          stuck_transport tr(fabric, r);
+          engine<two_tier_topology, host_bootstrap, stuck_transport, stuck_transport> eng(two_tier_topology(3, 1), boot, tr, tr, opt);
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+        } else {
+          host_transport tr(fabric, r);
+          engine<two_tier_topology, host_bootstrap, host_transport, host_transport> eng(two_tier_topology(3, 1), boot, tr, tr, opt);
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  INFO(errors[0]);
+  CHECK(errors[0].find("rail sends of stage 0") != std::string::npos);
+  CHECK(errors[0].find("did not leave within 300 ms") != std::string::npos);
+  int named = 0;
+  for (rank_t r = 1; r < n; ++r) named += errors[r].find("from rank 0 in stage 1") != std::string::npos;
+  CHECK(named >= 1);
+}
+
 TEST_CASE("engine.host.staging_is_allocated_once_and_reused") {
   const rank_t n = 8;
   host_fabric fabric(n);
