@@ -29,8 +29,7 @@
 #
 # Per workload and run, one MPI job runs MPI_Alltoallv (MPI_Ialltoallv, polled with sleeps), then
 # the fasta2a engine with direct sending, spread-out and FAST (Birkhoff, bottleneck, adaptive), on
-# the same buffers,
-# every received byte checked. Writes DIR/results.jsonl (every method of every run, as
+# the same buffers, every received byte checked. Writes DIR/results.jsonl (every method of every run, as
 # cluster_bench prints it plus the run number and the load average), DIR/results.md (the table:
 # median over runs of each run's median call) and DIR/nic-activity.svg (measured per-NIC throughput
 # during one call of MPI_Alltoallv and one of FAST). The cluster is always taken down at the end.
