@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include <fasta2a/engine.hpp>
 #include <fasta2a/host.hpp>
@@ -237,6 +238,41 @@ TEST_CASE("engine.host.different_plans_are_refused") {
   for (rank_t r = 0; r < n; ++r) CHECK(errors[r].find("different plan") != std::string::npos);
 }
 
+// One all-to-allv of t in which rank 0's transport is a Faulty one and every other rank's a
+// host_transport; returns each rank's error text (empty where the call succeeded).
+template <class Faulty>
+std::vector<std::string> run_with_faulty_rank0(const two_tier_topology& topo, const traffic_matrix& t,
+                                               const engine_options& opt) {
+  const rank_t n = topo.ranks();
+  host_fabric fabric(n, std::chrono::milliseconds(5000));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        const layout l = layout_of(t, r, 1, 0);
+        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
+        auto call = [&](auto& tr) {
+          using Tr = std::remove_cvref_t<decltype(tr)>;
+          engine<two_tier_topology, host_bootstrap, Tr, Tr> eng(topo, boot, tr, tr, opt);
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+        };
+        if (r == 0) {
+          Faulty tr(fabric, r);
+          call(tr);
+        } else {
+          host_transport tr(fabric, r);
+          call(tr);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  return errors;
+}
+
 TEST_CASE("engine.host.silent_peer_times_out_naming_peer_and_stage") {
   // Rank 0's own transport never signals: its peers must give up within the timeout and say who
   // and where, rather than hang.
@@ -245,38 +281,14 @@ TEST_CASE("engine.host.silent_peer_times_out_naming_peer_and_stage") {
     void signal(rank_t, channel) const noexcept {}
   };
   static_assert(Transport<mute_transport>);
-  const rank_t n = 4;
-  host_fabric fabric(n, std::chrono::milliseconds(5000));
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  const traffic_matrix t = uniform_traffic(n, 4096, 1);
+  engine_options opt;
+  opt.timeout = std::chrono::milliseconds(300);
   const auto start = std::chrono::steady_clock::now();
-  for (rank_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        host_bootstrap boot(fabric, r);
-        engine_options opt;
-        opt.timeout = std::chrono::milliseconds(300);
-        layout l = layout_of(t, r, 1, 0);
-        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
-        if (r == 0) {
-          mute_transport tr(fabric, r);
-          engine<two_tier_topology, host_bootstrap, mute_transport, mute_transport> eng(two_tier_topology(2, 2), boot, tr, tr, opt);
-          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-        } else {
-          host_transport tr(fabric, r);
-          engine<two_tier_topology, host_bootstrap, host_transport, host_transport> eng(two_tier_topology(2, 2), boot, tr, tr, opt);
-          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& th : threads) th.join();
+  const auto errors = run_with_faulty_rank0<mute_transport>(two_tier_topology(2, 2), uniform_traffic(4, 4096, 1), opt);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(waited < 3.0);
   int named = 0;
-  for (rank_t r = 1; r < n; ++r)
+  for (rank_t r = 1; r < 4; ++r)
     if (errors[r].find("from rank 0") != std::string::npos && errors[r].find("within 300 ms") != std::string::npos) ++named;
   CHECK(named >= 1);
   MESSAGE("rank 1: " << errors[1]);
@@ -290,39 +302,16 @@ TEST_CASE("engine.host.rail_sends_that_never_leave_time_out_naming_the_stage") {
     bool sent(rank_t, channel, std::uint64_t) const noexcept { return false; }
   };
   static_assert(Transport<stuck_transport>);
-  const rank_t n = 3; // 3 servers x 1 GPU, uniform: two rail stages
-  host_fabric fabric(n, std::chrono::milliseconds(5000));
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  const traffic_matrix t = uniform_traffic(n, 4096, 1);
-  for (rank_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        host_bootstrap boot(fabric, r);
-        engine_options opt;
-        opt.timeout = std::chrono::milliseconds(300);
-        opt.rail_window = 1;
-        layout l = layout_of(t, r, 1, 0);
-        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
-        if (r == 0) {
-          stuck_transport tr(fabric, r);
-          engine<two_tier_topology, host_bootstrap, stuck_transport, stuck_transport> eng(two_tier_topology(3, 1), boot, tr, tr, opt);
-          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-        } else {
-          host_transport tr(fabric, r);
-          engine<two_tier_topology, host_bootstrap, host_transport, host_transport> eng(two_tier_topology(3, 1), boot, tr, tr, opt);
-          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& th : threads) th.join();
+  engine_options opt;
+  opt.timeout = std::chrono::milliseconds(300);
+  opt.rail_window = 1;
+  // 3 servers x 1 GPU, uniform: two rail stages.
+  const auto errors = run_with_faulty_rank0<stuck_transport>(two_tier_topology(3, 1), uniform_traffic(3, 4096, 1), opt);
   INFO(errors[0]);
   CHECK(errors[0].find("rail sends of stage 0") != std::string::npos);
   CHECK(errors[0].find("did not leave within 300 ms") != std::string::npos);
   int named = 0;
-  for (rank_t r = 1; r < n; ++r) named += errors[r].find("from rank 0 in stage 1") != std::string::npos;
+  for (rank_t r = 1; r < 3; ++r) named += errors[r].find("from rank 0 in stage 1") != std::string::npos;
   CHECK(named >= 1);
 }
 

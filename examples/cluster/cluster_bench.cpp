@@ -501,16 +501,5 @@ int run(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int me = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  try {
-    run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cluster_bench: error: rank %d: %s\n", me, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return 0;
+  return fasta2a::run_mpi_program(argc, argv, "cluster_bench", [&] { return run(argc, argv); });
 }

@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <fasta2a/common.hpp>
+#include <fasta2a/mpi.hpp>
 #include <fasta2a/pattern.hpp>
 #include <fasta2a/transport.hpp>
 
@@ -136,14 +137,5 @@ int run(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "duplex_probe: error: %s\n", e.what());
-    rc = 2;
-  }
-  MPI_Finalize();
-  return rc;
+  return fasta2a::run_mpi_program(argc, argv, "duplex_probe", [&] { return run(argc, argv); });
 }

@@ -233,14 +233,5 @@ int run(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_mpi: error: %s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return rc;
+  return fasta2a::run_mpi_program(argc, argv, "bench_mpi", [&] { return run(argc, argv); });
 }

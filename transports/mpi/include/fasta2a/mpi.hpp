@@ -10,7 +10,9 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <deque>
 #include <span>
 #include <string>
@@ -596,6 +598,27 @@ inline two_tier_topology mpi_world_topology(int gpus_per_server, MPI_Comm comm =
     throw error("mpi_world_topology: " + std::to_string(size) + " MPI ranks are not a whole number of servers of " +
                 std::to_string(gpus_per_server) + " GPUs");
   return two_tier_topology(size / gpus_per_server, gpus_per_server, links);
+}
+
+/// The body of an MPI program's main: initialises MPI, runs body() (which returns the exit
+/// status), finalises MPI. An exception escaping body() on any rank is printed as
+/// "program: error: rank R: what" and aborts the whole job with status 2, so that no rank is left
+/// waiting for one that gave up.
+template <class Body>
+int run_mpi_program(int& argc, char**& argv, const char* program, Body&& body) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  try {
+    rc = body();
+  } catch (const std::exception& e) {
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::fprintf(stderr, "%s: error: rank %d: %s\n", program, me, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Finalize();
+  return rc;
 }
 
 } // namespace fasta2a
