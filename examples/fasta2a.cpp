@@ -119,6 +119,8 @@ transport and buffers, and beside the plan's model figures.
 
   --transport host        ranks are threads of this process, sharing memory (default)
   --iters N               timed calls per matrix (default 5)
+  --rail-window W         rail stages a rank may have in flight (engine_options::rail_window,
+                          default 3)
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, staging_bytes, call_s, direct_call_s, speedup, plan_s, exchange_s,
                           execute_s, predicted_s, predicted_direct_s, lower_bound_s, bytes_checked
@@ -183,6 +185,7 @@ struct options {
   // fasta2a run
   std::string transport = "host";
   unsigned iters = 5;
+  std::size_t rail_window = fa::engine_options{}.rail_window;
   bool compare_mpi = false;
 };
 
@@ -279,7 +282,8 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     };
     if (!given.insert(std::string(flag)).second)
       throw fa::error("option " + std::string(flag) + " given more than once");
-    const bool run_only = flag == "--transport" || flag == "--iters" || flag == "--compare-mpi";
+    const bool run_only =
+        flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window";
     const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
@@ -355,6 +359,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       if (v != "host" && v != "mpi") throw fa::error("--transport expects host or mpi, got '" + std::string(v) + "'");
       o.transport = std::string(v);
     } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
+    else if (flag == "--rail-window") o.rail_window = static_cast<std::size_t>(parse_positive_int(flag, value()));
     else if (flag == "--compare-mpi") {
       no_value();
       o.compare_mpi = true;
@@ -448,6 +453,13 @@ fa::plan_options planning_options(const options& o) {
   fa::plan_options p{o.granule, o.max_plan_bytes};
   if (o.adaptive) p.direct_if_faster_alpha = o.alpha_us * 1e-6;
   return p;
+}
+
+fa::engine_options engine_options_of(const options& o) {
+  fa::engine_options e;
+  e.planning = planning_options(o);
+  e.rail_window = o.rail_window;
+  return e;
 }
 
 /// The FAST planner with the decomposer chosen on the command line.
@@ -774,7 +786,7 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
         fa::host_bootstrap boot(fabric, r);
         fa::host_transport tr(fabric, r);
         fa::engine<Topo, fa::host_bootstrap, fa::host_transport, fa::host_transport, D> eng(
-            topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
+            topo, boot, tr, tr, engine_options_of(o), dec);
         const fa::packed_layout l(t, r);
         std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
         l.fill(send, r);
@@ -930,7 +942,7 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
   fa::mpi_transport tr(MPI_COMM_WORLD);
   fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
-      topo, boot, tr, tr, {.planning = planning_options(o)}, dec);
+      topo, boot, tr, tr, engine_options_of(o), dec);
   const fa::packed_layout l(t, me);
   std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
   l.fill(send, me);
