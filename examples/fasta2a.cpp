@@ -120,7 +120,7 @@ transport and buffers, and beside the plan's model figures.
   --transport host        ranks are threads of this process, sharing memory (default)
   --iters N               timed calls per matrix (default 5)
   --rail-window W         rail stages a rank may have in flight (engine_options::rail_window,
-                          default 3)
+                          default 5)
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, staging_bytes, call_s, direct_call_s, speedup, plan_s, exchange_s,
                           execute_s, predicted_s, predicted_direct_s, lower_bound_s, bytes_checked

@@ -17,7 +17,7 @@
 #                                        max-min matchings, and Birkhoff with the engine's direct
 #                                        fallback where its model predicts direct sending faster)
 #     --rail-window W                    the engine's rail stages in flight per sender (default: the
-#                                        engine's, 3)
+#                                        engine's, 5)
 #     --alpha-ms A                       fast-adaptive's cost of one stage (default 5)
 #     --trace FILE                       the Megatron trace (default ../shared/workloads/megatron-4n-32gpu.txt)
 #     --svg-workload LABEL               the workload whose NIC activity is drawn (default zipf(1.00))

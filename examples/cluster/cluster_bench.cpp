@@ -65,7 +65,7 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          model predicts it faster: plan_options::direct_if_faster_alpha)
   --alpha-ms A           fast-quantized, fast-adaptive: the cost of one stage on this network
                          (default 5)
-  --rail-window W        the engine's rail_window: stages in flight per sender (default 2)
+  --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
   --iters N              timed calls per method after one warm-up (default 5)
   --rate-mbit R          NIC rate, for the lower bounds (default 200)
   --label TEXT           the workload's name in the JSON (default: derived)
