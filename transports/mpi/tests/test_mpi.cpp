@@ -68,6 +68,26 @@ fa::mpi_transport::remote remote_of(Boot& boot, fa::mpi_transport& t, const fa::
   return t.deserialize(peer, std::span<const std::byte>(all).subspan(static_cast<std::size_t>(peer) * h.size(), h.size()));
 }
 
+/// One transport per rank with equal send and receive buffers of `bytes`, the send buffer holding
+/// the pattern of (this rank, its right neighbour), both registered, and the right neighbour's
+/// receive buffer known as `rem`. Collective: every rank makes one.
+struct ring_link {
+  ring g;
+  fa::mpi_bootstrap boot{MPI_COMM_WORLD};
+  fa::mpi_transport t;
+  std::vector<std::byte> send, recv;
+  fa::mpi_transport::memory src, dst;
+  fa::mpi_transport::remote rem;
+
+  explicit ring_link(std::size_t bytes, fa::mpi_transport_options opt = {})
+      : t(MPI_COMM_WORLD, opt), send(bytes), recv(bytes) {
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
+    src = t.register_memory(send.data(), send.size());
+    dst = t.register_memory(recv.data(), recv.size());
+    rem = remote_of(boot, t, dst, g.right);
+  }
+};
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -227,15 +247,9 @@ TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, ze
 }
 
 TEST_CASE("mpi_transport.channels are matched separately, whatever order the receiver goes in") {
-  const ring g;
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD);
   constexpr std::size_t per = 5000; // each channel's two puts: per and per / 2 bytes
-  std::vector<std::byte> send(8 * per), recv(8 * per);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-  const auto src = t.register_memory(send.data(), send.size());
-  const auto dst = t.register_memory(recv.data(), recv.size());
-  const auto rem = remote_of(boot, t, dst, g.right);
+  ring_link link(8 * per);
+  auto& [g, boot, t, send, recv, src, dst, rem] = link;
   const fa::channel order[] = {fa::channel::copy, fa::channel::balance, fa::channel::rail, fa::channel::redistribute};
   const auto base = [](fa::channel c) { return 2 * per * static_cast<std::size_t>(c); };
 
@@ -260,14 +274,8 @@ TEST_CASE("mpi_transport.channels are matched separately, whatever order the rec
 TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of later stages") {
   // All expects are posted up front, as the engine does; the second put happens only after the
   // receiver has seen the first signal, so a wait that needed every expect would never return.
-  const ring g;
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD);
-  std::vector<std::byte> send(20000), recv(20000);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-  const auto src = t.register_memory(send.data(), send.size());
-  const auto dst = t.register_memory(recv.data(), recv.size());
-  const auto rem = remote_of(boot, t, dst, g.right);
+  ring_link link(20000);
+  auto& [g, boot, t, send, recv, src, dst, rem] = link;
   t.expect(g.left, dst, 0, 10000, fa::channel::rail);
   t.expect(g.left, dst, 10000, 10000, fa::channel::rail);
   t.put(g.right, src, 0, rem, 0, 10000, fa::channel::rail);
@@ -289,15 +297,9 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
 }
 
 TEST_CASE("mpi_transport.sent says when a signal's puts have left; test polls wait once") {
-  const ring g;
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD);
   constexpr std::size_t big = 1 << 20, small = 100; // past every eager limit, and under them
-  std::vector<std::byte> send(big + small), recv(big + small);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-  const auto src = t.register_memory(send.data(), send.size());
-  const auto dst = t.register_memory(recv.data(), recv.size());
-  const auto rem = remote_of(boot, t, dst, g.right);
+  ring_link link(big + small);
+  auto& [g, boot, t, send, recv, src, dst, rem] = link;
 
   t.expect(g.left, dst, 0, big, fa::channel::rail);
   t.expect(g.left, dst, big, small, fa::channel::rail);
@@ -381,14 +383,8 @@ TEST_CASE("mpi_transport.out-of-bounds ranges, bad peers and bad channels are er
 }
 
 TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at wait, not a hang") {
-  const ring g;
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD);
-  std::vector<std::byte> send(64), recv(64);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-  const auto src = t.register_memory(send.data(), send.size());
-  const auto dst = t.register_memory(recv.data(), recv.size());
-  const auto rem = remote_of(boot, t, dst, g.right);
+  ring_link link(64);
+  auto& [g, boot, t, send, recv, src, dst, rem] = link;
   t.expect(g.left, dst, 0, 32, fa::channel::rail);
   t.put(g.right, src, 0, rem, 0, 32, fa::channel::rail);
   t.put(g.right, src, 32, rem, 32, 32, fa::channel::rail);
@@ -407,14 +403,8 @@ TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at 
 }
 
 TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time") {
-  const ring g;
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD, {.flush_timeout = 300ms});
-  std::vector<std::byte> send(1 << 20), recv(1 << 20);
-  for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-  const auto src = t.register_memory(send.data(), send.size());
-  const auto dst = t.register_memory(recv.data(), recv.size());
-  const auto rem = remote_of(boot, t, dst, g.right);
+  ring_link link(1 << 20, {.flush_timeout = 300ms});
+  auto& [g, boot, t, send, recv, src, dst, rem] = link;
   // 1 MiB is past every eager limit: the send cannot complete before the receive is posted.
   t.put(g.right, src, 0, rem, 0, send.size(), fa::channel::rail);
   t.signal(g.right, fa::channel::rail);
