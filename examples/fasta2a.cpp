@@ -205,26 +205,6 @@ std::uint64_t parse_uint(std::string_view flag, std::string_view text, std::uint
   return v;
 }
 
-/// A byte count: an integer with an optional K/M/G or KiB/MiB/GiB suffix (powers of 1024). The
-/// product is checked, so a size past 64 bits is an error, never a wrapped value.
-bytes_t parse_size(std::string_view flag, std::string_view text) {
-  static constexpr std::pair<std::string_view, unsigned> suffixes[] = {{"KiB", 10}, {"MiB", 20}, {"GiB", 30},
-                                                                       {"K", 10},   {"M", 20},   {"G", 30}};
-  unsigned shift = 0;
-  std::string_view digits = text;
-  for (const auto& [suffix, s] : suffixes)
-    if (text.size() > suffix.size() && text.ends_with(suffix)) {
-      digits = text.substr(0, text.size() - suffix.size());
-      shift = s;
-      break;
-    }
-  const bytes_t v = parse_uint(flag, digits, std::numeric_limits<bytes_t>::max());
-  if (shift > 0 && v > (std::numeric_limits<bytes_t>::max() >> shift))
-    throw fa::error(std::string(flag) + " value '" + std::string(text) +
-                    "' is too large: it overflows 64 bits");
-  return v << shift;
-}
-
 /// A finite, non-negative decimal number.
 double parse_real(std::string_view flag, std::string_view text) {
   double v = 0;
@@ -307,11 +287,11 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       no_value();
       o.adaptive = true;
     } else if (flag == "--granule") {
-      o.granule = parse_size(flag, value());
+      o.granule = fa::parse_bytes(value(), flag);
       if (o.granule == 0) throw fa::error("--granule must be at least 1 byte, got 0");
     } else if (flag == "--alpha") o.alpha_us = parse_real(flag, value());
     else if (flag == "--max-plan-bytes") {
-      const bytes_t b = parse_size(flag, value());
+      const bytes_t b = fa::parse_bytes(value(), flag);
       o.max_plan_bytes =
           static_cast<std::size_t>(std::min<bytes_t>(b, std::numeric_limits<std::size_t>::max()));
     } else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
@@ -325,7 +305,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       no_value();
       o.all = true;
     } else if (flag == "--unit") {
-      o.unit = parse_size(flag, value());
+      o.unit = fa::parse_bytes(value(), flag);
       if (o.unit == 0) throw fa::error("--unit must be at least 1 byte per count, got 0");
       have_unit = true;
     } else if (flag == "--uniform") {
@@ -346,7 +326,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       set_input(input_kind::lognormal, flag);
       o.sigma = parse_real(flag, value());
     } else if (flag == "--bytes-per-rank") {
-      o.bytes_per_rank = parse_size(flag, value());
+      o.bytes_per_rank = fa::parse_bytes(value(), flag);
       have_bytes = true;
     } else if (flag == "--seed") {
       o.seed = parse_uint(flag, value(), std::numeric_limits<std::uint64_t>::max());

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <unistd.h>
@@ -590,4 +592,32 @@ TEST_CASE("traffic.gen.parameter_errors") {
   CHECK_NOTHROW(fasta2a::hotspot_traffic(4, 4, 0.0, 100, 1));
   CHECK_NOTHROW(fasta2a::hotspot_traffic(4, 1, 1.0, 100, 1));
   CHECK_NOTHROW(fasta2a::zipf_traffic(1, 0.0, 100, 1));
+}
+
+TEST_CASE("parse_bytes.suffixes_and_refusals") {
+  CHECK(fasta2a::parse_bytes("0") == 0);
+  CHECK(fasta2a::parse_bytes("4096") == 4096);
+  CHECK(fasta2a::parse_bytes("4K") == 4096);
+  CHECK(fasta2a::parse_bytes("4KiB") == 4096);
+  CHECK(fasta2a::parse_bytes("16M") == bytes_t{16} << 20);
+  CHECK(fasta2a::parse_bytes("16MiB") == bytes_t{16} << 20);
+  CHECK(fasta2a::parse_bytes("3G") == bytes_t{3} << 30);
+  CHECK(fasta2a::parse_bytes("18446744073709551615") == std::numeric_limits<bytes_t>::max());
+  CHECK(fasta2a::parse_bytes("17179869183G") == bytes_t{17179869183} << 30); // the largest G that fits
+  const auto refused = [](std::string_view text) {
+    try {
+      fasta2a::parse_bytes(text, "--bytes");
+    } catch (const fasta2a::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (std::string_view bad : {"", "K", "1.5M", "-4", "+4", "4k", "4 K", "4KB", "0x10", "M16"}) {
+    CAPTURE(bad);
+    const std::string msg = refused(bad);
+    CHECK(msg.find("--bytes expects a non-negative integer") != std::string::npos);
+  }
+  CHECK(refused("-4").find("(negative)") != std::string::npos);
+  CHECK(refused("18446744073709551616").find("too large (at most 18446744073709551615)") != std::string::npos);
+  CHECK(refused("17179869184G").find("overflows 64 bits") != std::string::npos);
 }

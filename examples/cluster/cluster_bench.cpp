@@ -92,26 +92,6 @@ struct options {
   std::string label;
 };
 
-bytes_t parse_bytes(std::string_view v) {
-  std::size_t end = 0;
-  const std::string s(v);
-  unsigned long long x = 0;
-  try {
-    x = std::stoull(s, &end);
-  } catch (...) {
-    throw fa::error("not a byte count: '" + s + "'");
-  }
-  const std::string suffix = s.substr(end);
-  int shift = 0;
-  if (suffix.empty()) shift = 0;
-  else if (suffix == "K" || suffix == "KiB") shift = 10;
-  else if (suffix == "M" || suffix == "MiB") shift = 20;
-  else if (suffix == "G" || suffix == "GiB") shift = 30;
-  else throw fa::error("unknown size suffix in '" + s + "'");
-  if (shift && x > (~0ull >> shift)) throw fa::error("byte count too large: '" + s + "'");
-  return static_cast<bytes_t>(x) << shift;
-}
-
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -132,15 +112,15 @@ options parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (flag == "--gpus") o.gpus = std::stoi(v);
     else if (flag == "--workload") o.workload = v;
-    else if (flag == "--bytes-per-rank") o.bytes_per_rank = parse_bytes(v);
+    else if (flag == "--bytes-per-rank") o.bytes_per_rank = fa::parse_bytes(v, flag);
     else if (flag == "--zipf") o.zipf = std::stod(v);
     else if (flag == "--hot") o.hot = std::stoi(v);
     else if (flag == "--share") o.share = std::stod(v);
     else if (flag == "--matrix") o.matrix = v;
     else if (flag == "--index") o.index = std::stoul(v);
-    else if (flag == "--unit") o.unit = parse_bytes(v);
+    else if (flag == "--unit") o.unit = fa::parse_bytes(v, flag);
     else if (flag == "--seed") o.seed = std::stoull(v);
-    else if (flag == "--granule") o.granule = parse_bytes(v);
+    else if (flag == "--granule") o.granule = fa::parse_bytes(v, flag);
     else if (flag == "--methods") o.methods = split(v, ',');
     else if (flag == "--iters") o.iters = static_cast<unsigned>(std::stoul(v));
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);

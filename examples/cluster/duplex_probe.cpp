@@ -38,15 +38,6 @@ struct options {
   double rate_mbit = 200;
 };
 
-std::size_t parse_size(const std::string& v) {
-  std::size_t end = 0;
-  const unsigned long long x = std::stoull(v, &end);
-  const std::string_view suffix = std::string_view(v).substr(end);
-  const int shift = suffix.empty() ? 0 : suffix == "KiB" || suffix == "K" ? 10 : suffix == "MiB" || suffix == "M" ? 20 : -1;
-  if (shift < 0) throw fa::error("unknown size suffix in '" + v + "' (K, KiB, M, MiB)");
-  return static_cast<std::size_t>(x) << shift;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
@@ -54,7 +45,7 @@ options parse(int argc, char** argv) {
     if (i + 1 >= argc) throw fa::error("option " + std::string(flag) + " needs a value");
     const std::string v = argv[++i];
     if (flag == "--gpus") o.gpus = std::stoi(v);
-    else if (flag == "--bytes") o.bytes = parse_size(v);
+    else if (flag == "--bytes") o.bytes = fa::parse_bytes(v, flag);
     else if (flag == "--iters") o.iters = std::stoi(v);
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
     else throw fa::error("unknown option '" + std::string(flag) + "'");

@@ -1,10 +1,14 @@
 // fasta2a: basic vocabulary shared by every header (sizes, ranks, errors).
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
 
 /// Forces inlining of small hot lambdas on the planner's path (GCC and Clang).
 #if defined(__GNUC__) || defined(__clang__)
@@ -34,6 +38,37 @@ class plan_too_large : public error {
 public:
   using error::error;
 };
+
+/// A byte count as tools take it on their command lines: a non-negative integer with an optional
+/// K, M, G or KiB, MiB, GiB suffix (powers of 1024). Throws fasta2a::error naming `what` (an
+/// option's name, say) for anything else, for digits past 64 bits and for a product that
+/// overflows 64 bits: a size is never wrapped or truncated.
+inline bytes_t parse_bytes(std::string_view text, std::string_view what = "size") {
+  static constexpr std::pair<std::string_view, unsigned> suffixes[] = {{"KiB", 10}, {"MiB", 20}, {"GiB", 30},
+                                                                       {"K", 10},   {"M", 20},   {"G", 30}};
+  unsigned shift = 0;
+  std::string_view digits = text;
+  for (const auto& [suffix, s] : suffixes)
+    if (text.size() > suffix.size() && text.ends_with(suffix)) {
+      digits = text.substr(0, text.size() - suffix.size());
+      shift = s;
+      break;
+    }
+  const std::string quoted = std::string(what) + " value '" + std::string(text) + "'";
+  if (digits.empty() || digits.front() == '-' || digits.front() == '+')
+    throw error(std::string(what) + " expects a non-negative integer with an optional K/M/G suffix, got '" +
+                std::string(text) + "'" + (digits.starts_with('-') ? " (negative)" : ""));
+  bytes_t v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec == std::errc::result_out_of_range)
+    throw error(quoted + " is too large (at most " + std::to_string(std::numeric_limits<bytes_t>::max()) + ")");
+  if (ec != std::errc() || end != digits.data() + digits.size())
+    throw error(std::string(what) + " expects a non-negative integer with an optional K/M/G suffix, got '" +
+                std::string(text) + "'");
+  if (shift > 0 && v > (std::numeric_limits<bytes_t>::max() >> shift))
+    throw error(quoted + " is too large: it overflows 64 bits");
+  return v << shift;
+}
 
 namespace detail {
 

@@ -39,16 +39,9 @@ struct bench_options {
 };
 
 std::uint64_t parse_size(std::string_view flag, std::string_view text) {
-  unsigned shift = 0;
-  if (!text.empty() && (text.back() == 'K' || text.back() == 'M' || text.back() == 'G')) {
-    shift = text.back() == 'K' ? 10 : text.back() == 'M' ? 20 : 30;
-    text.remove_suffix(1);
-  }
-  std::uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v == 0 || v > (UINT64_MAX >> shift))
-    throw fa::error(std::string(flag) + " expects a positive size such as 4K or 16M, got '" + std::string(text) + "'");
-  return v << shift;
+  const std::uint64_t v = fa::parse_bytes(text, flag);
+  if (v == 0) throw fa::error(std::string(flag) + " expects a positive size such as 4K or 16M, got '" + std::string(text) + "'");
+  return v;
 }
 
 bench_options parse(int argc, char** argv) {
