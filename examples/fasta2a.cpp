@@ -556,6 +556,7 @@ void print_row(std::ostream& os, const row& r) {
 /// A JSON number; JSON has no NaN or infinity, so those become null.
 std::string json_real(double x) { return std::isfinite(x) ? strf("%.9g", x) : std::string("null"); }
 
+
 void write_report_line(std::ostream& os, const row& r) {
   os << "{\"index\": " << r.index << ", \"ranks\": " << r.ranks << ", \"servers\": " << r.servers
      << ", \"gpus\": " << r.gpus << ", \"bytes\": " << r.bytes << ", \"stages\": " << r.stages
@@ -580,6 +581,20 @@ void write_file(const std::string& path, const std::string& text, const char* wh
 /// A ratio, or NaN (left out of medians) when the denominator is zero: an empty matrix has no
 /// meaningful speed-up.
 double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
+
+/// The fields every `fasta2a run` report line starts with (host and MPI transports alike), without
+/// the closing brace: the caller adds its own fields.
+template <class Topo>
+void report_call_fields(std::ostream& out, std::size_t index, int ranks, const Topo& topo, bytes_t total,
+                        std::size_t stages, bytes_t staging, double call_s, double direct_s,
+                        const fa::call_stats& stats) {
+  out << "{\"index\": " << index << ", \"ranks\": " << ranks << ", \"servers\": " << topo.servers()
+      << ", \"gpus\": " << topo.gpus_per_server() << ", \"bytes\": " << total << ", \"stages\": " << stages
+      << ", \"staging_bytes\": " << staging << ", \"call_s\": " << json_real(call_s)
+      << ", \"direct_call_s\": " << json_real(direct_s) << ", \"speedup\": " << json_real(ratio(direct_s, call_s))
+      << ", \"plan_s\": " << json_real(stats.plan_s) << ", \"exchange_s\": " << json_real(stats.exchange_s)
+      << ", \"execute_s\": " << json_real(stats.execute_s);
+}
 
 double finite_median(const std::vector<double>& v) {
   std::vector<double> f;
@@ -855,16 +870,13 @@ template <fa::Topology Topo> int run_command(const Topo& topo, const options& o)
                       fast.stats.execute_s * 1e3, model_fast * 1e3, model_direct * 1e3,
                       (fast.bytes_checked + direct.bytes_checked) / mib);
     all_checked += fast.bytes_checked + direct.bytes_checked;
-    if (report.is_open())
-      report << "{\"index\": " << w.first_index + k << ", \"ranks\": " << n << ", \"servers\": " << topo.servers()
-             << ", \"gpus\": " << topo.gpus_per_server() << ", \"bytes\": " << total << ", \"stages\": " << fast.stages
-             << ", \"staging_bytes\": " << fast.staging_max << ", \"call_s\": " << json_real(fast.call_s)
-             << ", \"direct_call_s\": " << json_real(direct.call_s)
-             << ", \"speedup\": " << json_real(ratio(direct.call_s, fast.call_s))
-             << ", \"plan_s\": " << json_real(fast.stats.plan_s) << ", \"exchange_s\": " << json_real(fast.stats.exchange_s)
-             << ", \"execute_s\": " << json_real(fast.stats.execute_s) << ", \"predicted_s\": " << json_real(model_fast)
-             << ", \"predicted_direct_s\": " << json_real(model_direct) << ", \"lower_bound_s\": " << json_real(lb)
+    if (report.is_open()) {
+      report_call_fields(report, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
+                         direct.call_s, fast.stats);
+      report << ", \"predicted_s\": " << json_real(model_fast) << ", \"predicted_direct_s\": " << json_real(model_direct)
+             << ", \"lower_bound_s\": " << json_real(lb)
              << ", \"bytes_checked\": " << fast.bytes_checked + direct.bytes_checked << "}\n";
+    }
   }
   if (report.is_open() && !report.flush()) throw fa::error("cannot write report file '" + o.report_path + "'");
   std::cout << "# every received byte checked: " << strf("%.2f MiB", all_checked / mib) << ", all correct\n";
@@ -1027,17 +1039,13 @@ int run_mpi_command(const options& o) {
                       direct.call_s * 1e3, ratio(direct.call_s, fast.call_s), mpi_ms.c_str(), mpi_ratio.c_str(),
                       fast.stats.plan_s * 1e6, fast.stats.exchange_s * 1e6, fast.stats.execute_s * 1e3,
                       (fast.checked + direct.checked) / mib);
-    if (report.is_open())
-      report << "{\"index\": " << w.first_index + k << ", \"ranks\": " << n << ", \"servers\": " << topo.servers()
-             << ", \"gpus\": " << topo.gpus_per_server() << ", \"bytes\": " << total << ", \"stages\": " << fast.stages
-             << ", \"staging_bytes\": " << fast.staging_max << ", \"call_s\": " << json_real(fast.call_s)
-             << ", \"direct_call_s\": " << json_real(direct.call_s)
-             << ", \"speedup\": " << json_real(ratio(direct.call_s, fast.call_s))
-             << ", \"mpi_alltoallv_s\": " << (o.compare_mpi ? json_real(fast.mpi_s) : std::string("null"))
-             << ", \"plan_s\": " << json_real(fast.stats.plan_s) << ", \"exchange_s\": " << json_real(fast.stats.exchange_s)
-             << ", \"execute_s\": " << json_real(fast.stats.execute_s)
+    if (report.is_open()) {
+      report_call_fields(report, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
+                         direct.call_s, fast.stats);
+      report << ", \"mpi_alltoallv_s\": " << (o.compare_mpi ? json_real(fast.mpi_s) : std::string("null"))
              << ", \"bytes_checked\": " << fast.checked + direct.checked
              << ", \"bytes_compared_mpi\": " << fast.compared << "}\n";
+    }
   }
   if (report.is_open() && !report.flush()) throw fa::error("cannot write report file '" + o.report_path + "'");
   if (me == 0) {
