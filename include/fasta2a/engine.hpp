@@ -290,6 +290,16 @@ private:
                   " within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
+  // Who an op of a piece talks to: its source, its destination, or the rail ranks it rides between.
+  static constexpr auto src_of = [](const piece& pc) { return pc.src; };
+  static constexpr auto dst_of = [](const piece& pc) { return pc.dst; };
+  auto rail_source_of() const {
+    return [this](const piece& pc) { return plan_.rail_source(pc); };
+  }
+  auto rail_target_of() const {
+    return [this](const piece& pc) { return plan_.rail_target(pc); };
+  }
+
   // Takes the next signal from (peer, ch) if it is there already; never blocks.
   template <class Tr>
   bool take(Tr& tr, bool scaleup, rank_t peer, channel ch) {
@@ -320,10 +330,7 @@ private:
   void execute(std::span<const std::byte> send, std::span<std::byte> recv) {
     const plan& p = plan_;
     const std::size_t T = p.stages(), slots = p.op_stages();
-    auto src_of = [](const piece& pc) { return pc.src; };
-    auto dst_of = [](const piece& pc) { return pc.dst; };
-    auto rail_src = [&](const piece& pc) { return p.rail_source(pc); };
-    auto rail_dst = [&](const piece& pc) { return p.rail_target(pc); };
+    const auto rail_src = rail_source_of(), rail_dst = rail_target_of();
     auto my_recv_at = [&](const piece& pc) { return recv_displ(me_, pc.src) + pc.offset; };
 
     // Every receive of the call, posted up front in stage order (two-sided transports match them).
@@ -385,10 +392,7 @@ private:
   void run_stages() {
     const plan& p = plan_;
     const std::size_t T = p.stages(), W = opt_.rail_window;
-    auto src_of = [](const piece& pc) { return pc.src; };
-    auto dst_of = [](const piece& pc) { return pc.dst; };
-    auto rail_src = [&](const piece& pc) { return p.rail_source(pc); };
-    auto rail_dst = [&](const piece& pc) { return p.rail_target(pc); };
+    const auto rail_src = rail_source_of(), rail_dst = rail_target_of();
 
     auto post_balance = [&](std::size_t t) {
       const auto ops = p.ops(me_, t);
