@@ -1,25 +1,29 @@
-// fasta2a: the all-to-allv engine. Plans each call with FAST and executes the plan over a
-// scale-up and a scale-out Transport, with real bytes.
+// fasta2a: the all-to-allv engine. Plans each call with FAST, turns this rank's part of the plan
+// into a rank program, and runs it over a scale-up and a scale-out Transport, with real bytes.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
-#include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fasta2a/common.hpp"
 #include "fasta2a/decompose.hpp"
+#include "fasta2a/memory.hpp"
 #include "fasta2a/plan.hpp"
 #include "fasta2a/planner.hpp"
+#include "fasta2a/program.hpp"
 #include "fasta2a/topology.hpp"
 #include "fasta2a/transport.hpp"
 
 namespace fasta2a {
 
-/// Options of an engine.
+/// Options of an engine. Every rank must use the same (the engine checks, see options digest).
 struct engine_options {
   plan_options planning{};
   /// How long a rank waits for any one signal (or the bootstrap) before the call fails with an
@@ -27,31 +31,34 @@ struct engine_options {
   std::chrono::milliseconds timeout{30000};
   /// Rail stages whose sends may be leaving this rank at once. A rank posts the rail sends of
   /// stage t as soon as its balance data for t has arrived and fewer than rail_window of its
-  /// earlier stages' rail sends are still leaving it (Transport::sent, in any order: a slow flow
-  /// into a busy receiver holds one slot, not the window). Each rank paces its own NIC, with no
-  /// wait for what other ranks receive. 1 keeps stages strictly apart at every sender; with larger
-  /// windows a receiver has at most about rail_window senders at once while each sender splits its
-  /// NIC among as many flows. Measured on the emulated cluster (README, examples/cluster): Megatron
-  /// matrix 0 at 8 servers x 2 ranks 1.11 / 1.01 / 1.02 x LB_server with windows 3 / 5 / 8; at 4 x 4
-  /// windows 3 and 5 are equal. At least 1.
+  /// earlier stages' rail sends are still leaving it (Connection::sent, in any order: a slow flow
+  /// into a busy receiver holds one slot, not the whole window). Each rank paces its own NIC, with
+  /// no wait for what other ranks receive. Measured on the emulated cluster (README,
+  /// examples/cluster): Megatron matrix 0 at 8 servers x 2 ranks 1.11 / 1.01 / 1.02 x LB_server with
+  /// windows 3 / 5 / 8; at 4 x 4 windows 3 and 5 are equal. At least 1.
   std::size_t rail_window = 5;
   /// How the engine's own event loop waits when nothing is ready (spin, yield, then sleep with
-  /// back-off). Blocking waits inside a transport use that transport's wait_policy, given when it
-  /// is made (host_transport, mpi_transport options).
+  /// back-off). Blocking waits inside a transport use that transport's wait_policy.
   wait_policy waiting{};
+  /// Buffers that calls register on their own (not windows) stay registered, up to this many; the
+  /// least recently used is deregistered first. At least 2 (a call's send and receive buffers).
+  std::size_t registration_cache = 8;
 };
 
-/// Where the time of the last call went (seconds, measured on this rank).
+/// Where the time of the last call went (seconds, measured on this rank), and what it cost.
 struct call_stats {
-  double plan_s = 0;     ///< planning
-  double exchange_s = 0; ///< the two bootstrap exchanges (counts, then plan hash and handles)
+  double plan_s = 0;     ///< planning and building the rank program
+  double exchange_s = 0; ///< bootstrap exchanges (counts; handles only when registrations changed)
   double execute_s = 0;  ///< moving bytes: copies, balance, rail stages, redistribution
   double total_s = 0;
+  int exchanges = 0;     ///< bootstrap exchanges: 1, or 2 when a registration changed on some rank
+  int registrations = 0; ///< register_memory calls this rank made (per transport pair)
+  std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
+  std::size_t pieces_sent = 0; ///< plan pieces this rank sent (one put each without coalescing)
 };
 
 /// A 64-bit digest of what every rank's view of one plan shares: shape, granule, decomposer,
-/// stages and the staging layout. Ranks compare it, so that a rank with another topology,
-/// decomposer or options is caught before any byte moves.
+/// stages and the staging layout.
 inline std::uint64_t plan_hash(const plan& p) noexcept {
   std::uint64_t h = 0x9e3779b97f4a7c15ull;
   auto mix = [&](std::uint64_t w) {
@@ -69,75 +76,218 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
   return h;
 }
 
+namespace detail {
+
+/// Folds words into a 64-bit digest (not cryptographic: it catches misconfiguration, not malice).
+class digest {
+public:
+  void mix(std::uint64_t w) noexcept {
+    h_ ^= w + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2);
+    h_ *= 0xff51afd7ed558ccdull;
+  }
+  void mix(double x) noexcept { mix(std::bit_cast<std::uint64_t>(x)); }
+  void mix(const char* s) noexcept {
+    for (; s && *s; ++s) mix(static_cast<std::uint64_t>(static_cast<unsigned char>(*s)));
+    mix(std::uint64_t{0xff});
+  }
+  std::uint64_t value() const noexcept { return h_; }
+
+private:
+  std::uint64_t h_ = 0x2545f4914f6cdd1dull;
+};
+
+} // namespace detail
+
 /// The two-phase all-to-allv engine of one rank, composed at compile time from a Topology, a
-/// Bootstrap, a scale-up and a scale-out Transport, and a Decomposer.
+/// Bootstrap, a scale-up and a scale-out Transport, a Decomposer and a MemorySpace (where staging
+/// lives and how local copies are made; host memory by default).
 ///
-/// Every call: (1) one allgather exchanges the counts (and each rank's verdict on its own
-/// arguments), so every rank knows the whole traffic matrix; (2) every rank computes its own part
-/// of the same plan (planner::make_rank_into);
-/// (3) a second allgather compares plan hashes and exchanges memory handles; (4) the plan runs:
-/// self and intra-server copies, then the stages as an event loop: balance puts run
-/// engine_options::rail_window stages ahead, a rank sends stage t on its rail once its balance
-/// data for t has arrived and fewer than rail_window of its earlier stages' rail sends are still
-/// leaving it (each rank paces its NIC; no rank waits for what others receive), and each stage is
-/// redistributed as soon as its rail data lands. Signals are point to point; there is no barrier between stages. Staging memory is sized from the plan, allocated once and
-/// only ever grown, and reused across calls; the allgathers order one call after the previous one.
+/// A call:
+/// 1. looks up the send and receive buffers among this engine's registrations (registering them
+///    on a miss: registrations last, see `register_window` and engine_options::registration_cache);
+/// 2. makes ONE bootstrap exchange: the counts, each rank's verdict on its own arguments, a digest
+///    of its options (topology, plan options, decomposer, engine options) so that a rank configured
+///    differently is caught before any byte moves, and the id of its receive registration;
+/// 3. plans its own part of the plan (every rank computes the same plan from the same matrix);
+/// 4. only when some rank's receive registration is new to its peers, or some rank's staging had
+///    to grow, a second exchange carries the new memory handles (every rank knows from step 2 and
+///    the plan whether this happens, so all agree);
+/// 5. builds its rank program (program.hpp: puts of contiguous runs coalesced) and runs it: self and
+///    intra-server copies, then the stages as an event loop (balance puts rail_window stages
+///    ahead, a rank sends stage t on its rail once its balance data for t has arrived and fewer than
+///    rail_window of its earlier stages' rail sends are still leaving it, each stage redistributed
+///    as soon as its rail data lands).
 ///
-/// An error raised before execution (bad arguments, counts or plans that disagree) leaves the
+/// The engine has its own connection on each transport (several engines may share transports).
+/// Staging memory is sized from the plan, grown when a plan needs more, and reused across calls.
+///
+/// An error raised before execution (bad arguments, counts or options that disagree) leaves the
 /// engine usable. An error during execution (a peer that did not signal in time) leaves signal
 /// counts and, on two-sided transports, posted receives out of step with the peers: discard the
-/// engine and its transports then (the communicator is in an unknown state, as after an MPI error).
-template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer>
+/// engine then (the communicator is in an unknown state, as after an MPI error).
+template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer,
+          MemorySpace M = host_memory>
 class engine {
+  static_assert(Up::can_register(M::kind), "the scale-up transport cannot register the memory space's memory");
+
 public:
-  /// Throws fasta2a::error if the bootstrap's size does not match the topology. `dec` configures
-  /// the decomposer (a best_of's alpha, a quantum).
-  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{})
-      : planner_(topo, opt.planning, std::move(dec)), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt) {
+  /// A buffer registered for use in later calls, like an NCCL window or an MPI window: any call
+  /// whose send or receive buffer lies inside it uses this registration. Deregistered when the
+  /// window is destroyed (the engine must still exist then). Move-only.
+  class window {
+  public:
+    window() = default;
+    window(window&& o) noexcept : eng_(std::exchange(o.eng_, nullptr)), id_(o.id_), bytes_(o.bytes_) {}
+    window& operator=(window&& o) noexcept {
+      if (this != &o) {
+        release();
+        eng_ = std::exchange(o.eng_, nullptr);
+        id_ = o.id_;
+        bytes_ = o.bytes_;
+      }
+      return *this;
+    }
+    window(const window&) = delete;
+    window& operator=(const window&) = delete;
+    ~window() { release(); }
+    /// The registered bytes.
+    std::span<std::byte> bytes() const noexcept { return bytes_; }
+    /// Deregisters now (also done by the destructor).
+    void release() noexcept {
+      if (eng_) eng_->drop_registration(id_);
+      eng_ = nullptr;
+    }
+
+  private:
+    friend class engine;
+    window(engine* e, std::uint64_t id, std::span<std::byte> b) : eng_(e), id_(id), bytes_(b) {}
+    engine* eng_ = nullptr;
+    std::uint64_t id_ = 0;
+    std::span<std::byte> bytes_{};
+  };
+
+  /// Collective over the transports (each hands this engine a connection of its own: every rank
+  /// makes its engines in the same order). Throws fasta2a::error if the bootstrap's size does not
+  /// match the topology or an option is out of range. `dec` configures the decomposer (a best_of's
+  /// alpha, a quantum); `mem` is the memory space (a GPU space carries its stream).
+  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{}, M mem = M{})
+      : planner_(topo, opt.planning, dec), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt),
+        mem_(std::move(mem)) {
     n_ = topo.ranks();
+    G_ = topo.gpus_per_server();
     me_ = boot.rank();
     if (boot.size() != n_)
       throw error("engine: the bootstrap has " + std::to_string(boot.size()) + " ranks, the topology " +
                   std::to_string(topo.servers()) + " x " + std::to_string(topo.gpus_per_server()) +
                   " = " + std::to_string(n_));
     if (opt_.rail_window < 1) throw error("engine: rail_window must be at least 1");
-    expected_.assign(static_cast<std::size_t>(n_) * 2 * channel_count, 0);
-    rail_signals_.assign(static_cast<std::size_t>(n_), 0);
+    if (opt_.registration_cache < 2) throw error("engine: registration_cache must be at least 2 (send and receive)");
+    if (!Out::can_register(M::kind))
+      throw error(std::string("engine: the scale-out transport cannot register ") + to_string(M::kind) + " memory");
+    digest_ = options_digest(topo, dec);
+    up_conn_.emplace(up_->connect(engine_channel::count));
+    out_conn_.emplace(out_->connect(engine_channel::count));
+    expected_.assign(static_cast<std::size_t>(n_) * 2 * engine_channel::count, 0);
+    signalled_.assign(static_cast<std::size_t>(n_) * 2 * engine_channel::count, 0);
+    known_.resize(static_cast<std::size_t>(n_));
+    peer_staging_.resize(static_cast<std::size_t>(n_));
+    staging_cap_.assign(static_cast<std::size_t>(n_), 0);
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
+  /// Deregisters every buffer this engine registered and forgets its peers' handles.
+  ~engine() {
+    for (auto& peer : known_)
+      for (remote_entry& e : peer) forget(e);
+    for (peer_stage& s : peer_staging_) forget(s);
+    for (registration& r : regs_) deregister(r);
+    if (staging_reg_) deregister(*staging_reg_);
+  }
+
   rank_t rank() const noexcept { return me_; }
   rank_t ranks() const noexcept { return n_; }
   /// Bytes of staging memory this rank holds (grown to the largest plan so far).
-  bytes_t staging_bytes() const noexcept { return staging_size_; }
+  bytes_t staging_bytes() const noexcept { return staging_.size(); }
   /// This rank's view of the last call's plan.
   const plan& last_plan() const noexcept { return plan_; }
+  /// This rank's program of the last call.
+  const rank_program& last_program() const noexcept { return program_; }
   const call_stats& last_stats() const noexcept { return stats_; }
+  /// The digest of this engine's options that every rank compares in each call.
+  std::uint64_t options_digest() const noexcept { return digest_; }
+  /// Buffers registered now: windows and cached ones (staging not counted).
+  std::size_t registered_buffers() const noexcept { return regs_.size(); }
+
+  /// Registers `buf` for later calls: a call whose send or receive buffer lies inside it needs no
+  /// registration of its own. Local (not collective). Throws whatever the transports throw.
+  window register_window(std::span<std::byte> buf) {
+    registration& r = add_registration(buf.data(), buf.size(), true);
+    return window(this, r.id, buf);
+  }
+
+  /// Forgets cached registrations that contain `p`: call it before freeing a buffer that calls used
+  /// and may be reused at the same address for other memory (a transport that maps or pins memory
+  /// would otherwise keep the old mapping). Windows are released by their own handle.
+  void forget_buffer(const void* p) noexcept {
+    const auto* b = static_cast<const std::byte*>(p);
+    for (std::size_t i = 0; i < regs_.size();)
+      if (!regs_[i].window && regs_[i].ptr <= b && b < regs_[i].ptr + std::max<std::size_t>(regs_[i].size, 1)) {
+        deregister(regs_[i]);
+        regs_.erase(regs_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+  }
 
   /// All-to-allv, as MPI_Alltoallv and torch.distributed.all_to_all_single: this rank sends
   /// send_counts[j] elements starting at element send_displs[j] of `send` to rank j, and receives
   /// recv_counts[i] elements from rank i at element recv_displs[i] of `recv`. Elements are
   /// elem_size bytes. Every rank must call it with consistent counts. Errors (counts that do not
-  /// fit the buffers, counts that disagree between ranks, plans that differ, a peer that does not
-  /// signal within the timeout) are raised on every rank that can see them, before any byte moves
-  /// where possible.
+  /// fit the buffers, counts that disagree between ranks, ranks configured differently, a peer that
+  /// does not signal within the timeout) are raised on every rank that can see them, before any
+  /// byte moves where possible.
   void alltoallv(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
                  std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
                  std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
                  std::size_t elem_size = 1) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    exchange_counts(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
+    stats_ = {};
+    ++clock_;
+    std::string problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
+    // A rank with bad arguments still takes part in the exchange, so every rank learns it.
+    registration* sreg = nullptr;
+    registration* rreg = nullptr;
+    if (problem.empty()) {
+      try {
+        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size());
+        rreg = &lookup(recv.data(), recv.size());
+        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size()); // the recv lookup may have moved it
+      } catch (const std::exception& e) {
+        problem = std::string("registering its buffers: ") + e.what();
+      }
+    }
+    exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size);
     const auto t1 = clock::now();
     planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only
+    const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
-    exchange_handles(send, recv);
+    if (handles) exchange_handles(*rreg);
     const auto t3 = clock::now();
-    execute(send, recv);
+    builder_.build(plan_, me_, layout{this}, program_);
     const auto t4 = clock::now();
+    bind(*sreg, send, *rreg, recv);
+    execute();
+    const auto t5 = clock::now();
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    stats_ = {sec(t1, t2), sec(t0, t1) + sec(t2, t3), sec(t3, t4), sec(t0, t4)};
+    stats_.plan_s = sec(t1, t2) + sec(t3, t4);
+    stats_.exchange_s = sec(t0, t1) + sec(t2, t3);
+    stats_.execute_s = sec(t4, t5);
+    stats_.total_s = sec(t0, t5);
+    stats_.exchanges = handles ? 2 : 1;
+    stats_.puts = program_.puts();
+    stats_.pieces_sent = program_.pieces_sent();
   }
 
   /// Typed form: counts and displacements in elements of T.
@@ -150,55 +300,68 @@ public:
   }
 
 private:
-  // Per-rank words of the first exchange: verdict, element size, then per peer the bytes this rank
-  // sends, the bytes it expects to receive, and the byte offset in its receive buffer.
-  static constexpr std::size_t header_words = 2;
+  using up_conn = typename Up::connection;
+  using out_conn = typename Out::connection;
 
-  std::size_t counts_words() const noexcept { return header_words + 3 * static_cast<std::size_t>(n_); }
+  /// A buffer registered with both transports.
+  struct registration {
+    std::byte* ptr = nullptr;
+    std::size_t size = 0;
+    typename Up::memory up{};
+    typename Out::memory out{};
+    std::uint64_t id = 0;   ///< unique over this engine's life; never reused
+    std::uint64_t used = 0; ///< the call that used it last (LRU)
+    bool window = false;
+  };
+  /// What this rank knows of a peer's receive registration: its id and the handles it opened
+  /// (scale-up for peers of its server, scale-out for the others).
+  struct remote_entry {
+    std::uint64_t id = 0;
+    std::uint64_t used = 0;
+    std::optional<typename Up::remote> up;
+    std::optional<typename Out::remote> out;
+  };
+  struct peer_stage {
+    std::uint64_t id = 0;
+    std::optional<typename Up::remote> up;
+    std::optional<typename Out::remote> out;
+  };
 
-  // Checks this rank's arguments, exchanges everything every rank needs to plan and to address
-  // its peers' receive buffers, and checks the whole matrix for consistency.
-  void exchange_counts(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
-                       std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
-                       std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
-                       std::size_t elem_size) {
-    const std::size_t w = counts_words();
-    mine_.assign(w, 0);
-    std::string problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
-    mine_[0] = problem.empty() ? 0 : 1;
-    mine_[1] = elem_size;
-    if (problem.empty())
-      for (rank_t j = 0; j < n_; ++j) {
-        mine_[header_words + j] = send_counts[j] * elem_size;
-        mine_[header_words + n_ + j] = recv_counts[j] * elem_size;
-        mine_[header_words + 2 * n_ + j] = recv_displs[j] * elem_size;
-      }
-    all_.assign(w * n_, 0);
-    boot_->allgather(std::as_bytes(std::span(mine_)), std::as_writable_bytes(std::span(all_)));
-    if (!problem.empty()) throw error("rank " + std::to_string(me_) + ": " + problem);
-    for (rank_t r = 0; r < n_; ++r) {
-      if (word(r, 0) != 0)
-        throw error("rank " + std::to_string(r) + " refused its all-to-allv arguments; nothing was sent");
-      if (word(r, 1) != elem_size)
-        throw error("rank " + std::to_string(r) + " uses elements of " + std::to_string(word(r, 1)) +
-                    " bytes, rank " + std::to_string(me_) + " of " + std::to_string(elem_size));
-    }
-    traffic_.resize(n_, n_);
-    for (rank_t i = 0; i < n_; ++i)
-      for (rank_t j = 0; j < n_; ++j) traffic_(i, j) = word(i, header_words + j);
-    for (rank_t j = 0; j < n_; ++j)
-      for (rank_t i = 0; i < n_; ++i)
-        if (word(j, header_words + n_ + i) != traffic_(i, j))
-          throw error("rank " + std::to_string(j) + " expects " + std::to_string(word(j, header_words + n_ + i)) +
-                      " bytes from rank " + std::to_string(i) + ", which sends " +
-                      std::to_string(traffic_(i, j)) + "; nothing was sent");
-    send_displ_.resize(n_);
-    for (rank_t j = 0; j < n_; ++j) send_displ_[j] = send_displs[j] * elem_size;
-  }
-
+  // The counts exchange: per rank a header, then per peer j the bytes sent to j, the bytes
+  // expected from j, the byte offset of j's message in the receive buffer and of the message to j
+  // in the send buffer.
+  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, header_words };
+  std::size_t counts_words() const noexcept { return header_words + 4 * static_cast<std::size_t>(n_); }
   std::uint64_t word(rank_t r, std::size_t k) const noexcept { return all_[static_cast<std::size_t>(r) * counts_words() + k]; }
-  // Byte offset in rank dst's receive buffer where the message from src starts.
   bytes_t recv_displ(rank_t dst, rank_t src) const noexcept { return word(dst, header_words + 2 * n_ + src); }
+  bytes_t send_displ(rank_t src, rank_t dst) const noexcept { return word(src, header_words + 3 * n_ + dst); }
+
+  /// Where messages sit, for the program builder: from the counts exchange.
+  struct layout {
+    const engine* e;
+    bytes_t send_offset(rank_t src, rank_t dst) const noexcept { return e->send_displ(src, dst); }
+    bytes_t recv_offset(rank_t dst, rank_t src) const noexcept { return e->recv_displ(dst, src); }
+  };
+
+  std::uint64_t options_digest(const Topo& topo, const D& dec) const {
+    detail::digest h;
+    h.mix(static_cast<std::uint64_t>(topo.servers()));
+    h.mix(static_cast<std::uint64_t>(topo.gpus_per_server()));
+    h.mix(static_cast<std::uint64_t>(topo.scaleup()));
+    h.mix(static_cast<double>(topo.scaleup_bandwidth()));
+    h.mix(static_cast<double>(topo.scaleout_bandwidth()));
+    h.mix(opt_.planning.granule);
+    h.mix(static_cast<std::uint64_t>(opt_.planning.max_plan_bytes));
+    h.mix(static_cast<std::uint64_t>(opt_.planning.direct_if_faster_alpha.has_value()));
+    h.mix(opt_.planning.direct_if_faster_alpha.value_or(0.0));
+    h.mix(static_cast<std::uint64_t>(opt_.registration_cache));
+    h.mix(D::name);
+    if constexpr (requires { dec.digest(); }) h.mix(static_cast<std::uint64_t>(dec.digest()));
+    h.mix(static_cast<std::uint64_t>(M::kind));
+    h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
+    h.mix(static_cast<std::uint64_t>(Out::handle_bytes));
+    return h.value();
+  }
 
   std::string check_arguments(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
                                std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
@@ -228,256 +391,392 @@ private:
     return fits("receive", recv_counts, recv_displs, recv.size());
   }
 
-  // Grows staging to the plan's need, registers the three buffers with both transports, and
-  // exchanges the plan hash and every handle.
-  void exchange_handles(std::span<const std::byte> send, std::span<std::byte> recv) {
-    const bytes_t need = plan_.staging_bytes[me_];
-    if (staging_size_ < need) { // grown, never shrunk; left uninitialised (every byte read is written first)
-      staging_ = std::make_unique_for_overwrite<std::byte[]>(need);
-      staging_size_ = need;
-    }
-    auto* sendp = const_cast<std::byte*>(send.data()); // registered as a source only
-    send_up_ = up_->register_memory(sendp, send.size());
-    send_out_ = out_->register_memory(sendp, send.size());
-    recv_up_ = up_->register_memory(recv.data(), recv.size());
-    recv_out_ = out_->register_memory(recv.data(), recv.size());
-    stage_up_ = up_->register_memory(staging_.get(), staging_size_);
-    stage_out_ = out_->register_memory(staging_.get(), staging_size_);
+  // --- registrations -------------------------------------------------------------------------
 
+  registration& add_registration(std::byte* p, std::size_t n, bool window) {
+    registration r;
+    r.ptr = p;
+    r.size = n;
+    r.up = up_->register_memory(p, n);
+    try {
+      r.out = out_->register_memory(p, n);
+    } catch (...) {
+      up_->deregister(r.up);
+      throw;
+    }
+    ++stats_.registrations;
+    r.id = next_id_++;
+    r.used = clock_;
+    r.window = window;
+    regs_.push_back(r);
+    return regs_.back();
+  }
+
+  void deregister(registration& r) noexcept {
+    try {
+      up_->deregister(r.up);
+    } catch (...) {
+    }
+    try {
+      out_->deregister(r.out);
+    } catch (...) {
+    }
+  }
+
+  void drop_registration(std::uint64_t id) noexcept {
+    for (std::size_t i = 0; i < regs_.size(); ++i)
+      if (regs_[i].id == id) {
+        deregister(regs_[i]);
+        regs_.erase(regs_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  }
+
+  // The registration holding [p, p + n): a window or a cached one that contains it, else a new
+  // cached one (evicting the least recently used cached registration not used by this call).
+  registration& lookup(std::byte* p, std::size_t n) {
+    registration* best = nullptr;
+    for (registration& r : regs_)
+      if (r.ptr <= p && n <= r.size && static_cast<std::size_t>(p - r.ptr) <= r.size - n &&
+          (best == nullptr || r.window > best->window))
+        best = &r;
+    if (best) {
+      best->used = clock_;
+      return *best;
+    }
+    for (;;) {
+      std::size_t cached = 0;
+      registration* lru = nullptr;
+      for (registration& r : regs_)
+        if (!r.window) {
+          ++cached;
+          if (r.used != clock_ && (lru == nullptr || r.used < lru->used)) lru = &r;
+        }
+      if (cached < opt_.registration_cache || lru == nullptr) break;
+      drop_registration(lru->id);
+    }
+    return add_registration(p, n, false);
+  }
+
+  // --- the counts exchange ------------------------------------------------------------------
+
+  void exchange_counts(const std::string& problem, const registration* rreg, std::span<std::byte> recv,
+                       std::span<const std::uint64_t> send_counts, std::span<const std::uint64_t> send_displs,
+                       std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
+                       std::size_t elem_size) {
+    const std::size_t w = counts_words();
+    mine_.assign(w, 0);
+    mine_[h_verdict] = problem.empty() ? 0 : 1;
+    mine_[h_elem] = elem_size;
+    mine_[h_digest] = digest_;
+    if (problem.empty()) {
+      mine_[h_recv_id] = rreg->id;
+      mine_[h_recv_base] = static_cast<std::uint64_t>(recv.data() - rreg->ptr);
+      for (rank_t j = 0; j < n_; ++j) {
+        mine_[header_words + j] = send_counts[j] * elem_size;
+        mine_[header_words + n_ + j] = recv_counts[j] * elem_size;
+        mine_[header_words + 2 * n_ + j] = recv_displs[j] * elem_size;
+        mine_[header_words + 3 * n_ + j] = send_displs[j] * elem_size;
+      }
+    }
+    all_.assign(w * n_, 0);
+    boot_->allgather(std::as_bytes(std::span(mine_)), std::as_writable_bytes(std::span(all_)));
+    if (!problem.empty()) throw error("rank " + std::to_string(me_) + ": " + problem);
+    for (rank_t r = 0; r < n_; ++r) {
+      if (word(r, h_verdict) != 0)
+        throw error("rank " + std::to_string(r) + " refused its all-to-allv arguments; nothing was sent");
+      if (word(r, h_digest) != digest_)
+        throw error("rank " + std::to_string(r) + " was made with other options than rank " + std::to_string(me_) +
+                    " (topology, plan options, decomposer, memory space, transports or engine options differ): "
+                    "every rank must make the same plan; nothing was sent");
+      if (word(r, h_elem) != elem_size)
+        throw error("rank " + std::to_string(r) + " uses elements of " + std::to_string(word(r, h_elem)) +
+                    " bytes, rank " + std::to_string(me_) + " of " + std::to_string(elem_size));
+    }
+    traffic_.resize(n_, n_);
+    for (rank_t i = 0; i < n_; ++i)
+      for (rank_t j = 0; j < n_; ++j) traffic_(i, j) = word(i, header_words + j);
+    for (rank_t j = 0; j < n_; ++j)
+      for (rank_t i = 0; i < n_; ++i)
+        if (word(j, header_words + n_ + i) != traffic_(i, j))
+          throw error("rank " + std::to_string(j) + " expects " + std::to_string(word(j, header_words + n_ + i)) +
+                      " bytes from rank " + std::to_string(i) + ", which sends " +
+                      std::to_string(traffic_(i, j)) + "; nothing was sent");
+  }
+
+  // --- staging and the handle exchange -------------------------------------------------------
+
+  bool same_server(rank_t a, rank_t b) const noexcept { return a / G_ == b / G_; }
+
+  std::vector<remote_entry>& known(rank_t r) noexcept { return known_[static_cast<std::size_t>(r)]; }
+  remote_entry* find_known(rank_t r, std::uint64_t id) noexcept {
+    for (remote_entry& e : known(r))
+      if (e.id == id) return &e;
+    return nullptr;
+  }
+  std::size_t known_capacity() const noexcept { return 2 * opt_.registration_cache + 8; }
+
+  void forget(remote_entry& e) noexcept {
+    try {
+      if (e.up) up_->forget(*e.up);
+      if (e.out) out_->forget(*e.out);
+    } catch (...) {
+    }
+    e.up.reset();
+    e.out.reset();
+  }
+  void forget(peer_stage& s) noexcept {
+    try {
+      if (s.up) up_->forget(*s.up);
+      if (s.out) out_->forget(*s.out);
+    } catch (...) {
+    }
+    s.up.reset();
+    s.out.reset();
+  }
+
+  // Every rank reaches the same answer: staging capacities are tracked for every rank from the
+  // plans, and every rank's knowledge of every receive registration is the same (each rank saw
+  // the same exchanges). Grows this rank's own staging where the plan needs more.
+  bool staging_and_handles_needed() {
+    bool needed = false;
+    for (rank_t r = 0; r < n_; ++r) {
+      const bytes_t need = plan_.staging_bytes.empty() ? 0 : plan_.staging_bytes[static_cast<std::size_t>(r)];
+      if (need > staging_cap_[static_cast<std::size_t>(r)]) {
+        staging_cap_[static_cast<std::size_t>(r)] = need;
+        needed = true;
+      }
+      if (!find_known(r, word(r, h_recv_id))) needed = true;
+    }
+    const bytes_t mine = staging_cap_[static_cast<std::size_t>(me_)];
+    if (mine > staging_.size()) { // grown, never shrunk; contents unspecified (every byte read is written first)
+      if (staging_reg_) deregister(*staging_reg_);
+      staging_reg_.reset();
+      staging_ = typename M::buffer{};
+      staging_ = mem_.allocate(mine);
+      registration r;
+      r.ptr = staging_.data();
+      r.size = staging_.size();
+      r.up = up_->register_memory(r.ptr, r.size);
+      try {
+        r.out = out_->register_memory(r.ptr, r.size);
+      } catch (...) {
+        up_->deregister(r.up);
+        throw;
+      }
+      stats_.registrations += 1;
+      r.id = next_id_++;
+      staging_reg_ = r;
+    }
+    return needed;
+  }
+
+  void exchange_handles(const registration& rreg) {
     constexpr std::size_t hu = Up::handle_bytes, ho = Out::handle_bytes;
-    const std::size_t blob = 8 + 2 * hu + 2 * ho;
+    constexpr std::size_t blob = 16 + 2 * hu + 2 * ho;
     handles_.assign(blob, std::byte{0});
-    const std::uint64_t hash = plan_hash(plan_);
-    std::memcpy(handles_.data(), &hash, 8);
+    const std::uint64_t ids[2] = {rreg.id, staging_reg_ ? staging_reg_->id : 0};
+    std::memcpy(handles_.data(), ids, 16);
     auto put_handle = [&](std::size_t at, const std::vector<std::byte>& h, std::size_t size) {
-      if (h.size() != size) throw error("transport handle has " + std::to_string(h.size()) + " bytes, declared " + std::to_string(size));
+      if (h.size() != size)
+        throw error("transport handle has " + std::to_string(h.size()) + " bytes, declared " + std::to_string(size));
       std::memcpy(handles_.data() + at, h.data(), size);
     };
-    put_handle(8, up_->serialize(recv_up_), hu);
-    put_handle(8 + hu, up_->serialize(stage_up_), hu);
-    put_handle(8 + 2 * hu, out_->serialize(recv_out_), ho);
-    put_handle(8 + 2 * hu + ho, out_->serialize(stage_out_), ho);
-    all_handles_.assign(blob * n_, std::byte{0});
-    boot_->allgather(handles_, all_handles_);
-    remote_recv_up_.clear();
-    remote_stage_up_.clear();
-    remote_recv_out_.clear();
-    remote_stage_out_.clear();
-    for (rank_t r = 0; r < n_; ++r) {
-      const std::byte* b = all_handles_.data() + blob * r;
-      std::uint64_t h;
-      std::memcpy(&h, b, 8);
-      if (h != hash)
-        throw error("rank " + std::to_string(r) + " computed a different plan than rank " + std::to_string(me_) +
-                    " (hash " + std::to_string(h) + " vs " + std::to_string(hash) +
-                    "): every rank must use the same topology, decomposer and plan options; nothing was sent");
-      remote_recv_up_.push_back(up_->deserialize(r, std::span(b + 8, hu)));
-      remote_stage_up_.push_back(up_->deserialize(r, std::span(b + 8 + hu, hu)));
-      remote_recv_out_.push_back(out_->deserialize(r, std::span(b + 8 + 2 * hu, ho)));
-      remote_stage_out_.push_back(out_->deserialize(r, std::span(b + 8 + 2 * hu + ho, ho)));
+    put_handle(16, up_->serialize(rreg.up), hu);
+    put_handle(16 + hu, out_->serialize(rreg.out), ho);
+    if (staging_reg_) {
+      put_handle(16 + hu + ho, up_->serialize(staging_reg_->up), hu);
+      put_handle(16 + 2 * hu + ho, out_->serialize(staging_reg_->out), ho);
     }
-  }
-
-  // Counts the next signal from (peer, ch) and waits for it, naming what is missing on timeout.
-  template <class Tr>
-  void await(Tr& tr, bool scaleup, rank_t peer, channel ch, std::size_t stage) {
-    std::uint64_t& e = expected_[(static_cast<std::size_t>(peer) * 2 + (scaleup ? 0 : 1)) * channel_count +
-                                 static_cast<std::uint32_t>(ch)];
-    ++e;
-    if (!tr.wait(peer, ch, e, opt_.timeout))
-      throw error("rank " + std::to_string(me_) + ": no " + to_string(ch) + " signal from rank " +
-                  std::to_string(peer) + (plan_.staged ? " in stage " + std::to_string(stage) : std::string()) +
-                  " within " + std::to_string(opt_.timeout.count()) + " ms");
-  }
-
-  // Who an op of a piece talks to: its source, its destination, or the rail ranks it rides between.
-  static constexpr auto src_of = [](const piece& pc) { return pc.src; };
-  static constexpr auto dst_of = [](const piece& pc) { return pc.dst; };
-  auto rail_source_of() const {
-    return [this](const piece& pc) { return plan_.rail_source(pc); };
-  }
-  auto rail_target_of() const {
-    return [this](const piece& pc) { return plan_.rail_target(pc); };
-  }
-
-  // Takes the next signal from (peer, ch) if it is there already; never blocks.
-  template <class Tr>
-  bool take(Tr& tr, bool scaleup, rank_t peer, channel ch) {
-    std::uint64_t& e = expected_[(static_cast<std::size_t>(peer) * 2 + (scaleup ? 0 : 1)) * channel_count +
-                                 static_cast<std::uint32_t>(ch)];
-    if (!tr.test(peer, ch, e + 1)) return false;
-    ++e;
-    return true;
-  }
-
-  // Distinct peers of one op list, in first-seen order (lists are short: G or fewer peers).
-  template <class PeerOf>
-  const std::vector<rank_t>& peers_of(std::span<const rank_op> ops, op_kind kind, PeerOf&& peer_of) {
-    return peers_into(peers_, ops, kind, peer_of);
-  }
-  template <class PeerOf>
-  const std::vector<rank_t>& peers_into(std::vector<rank_t>& out, std::span<const rank_op> ops, op_kind kind,
-                                        PeerOf&& peer_of) {
-    out.clear();
-    for (const rank_op& op : ops)
-      if (op.kind == kind) {
-        const rank_t p = peer_of(plan_.pieces[op.piece]);
-        if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    all_handles_.assign(blob * static_cast<std::size_t>(n_), std::byte{0});
+    boot_->allgather(handles_, all_handles_);
+    for (rank_t r = 0; r < n_; ++r) {
+      const std::byte* b = all_handles_.data() + blob * static_cast<std::size_t>(r);
+      std::uint64_t got[2];
+      std::memcpy(got, b, 16);
+      const bool up = same_server(r, me_) && r != me_, out = !same_server(r, me_);
+      if (!find_known(r, got[0])) {
+        auto& list = known(r);
+        if (list.size() >= known_capacity()) {
+          auto lru = std::min_element(list.begin(), list.end(), [](const remote_entry& x, const remote_entry& y) { return x.used < y.used; });
+          forget(*lru);
+          list.erase(lru);
+        }
+        remote_entry e;
+        e.id = got[0];
+        e.used = clock_;
+        if (up) e.up = up_->deserialize(r, std::span(b + 16, hu));
+        if (out) e.out = out_->deserialize(r, std::span(b + 16 + hu, ho));
+        list.push_back(std::move(e));
       }
-    return out;
-  }
-
-  void execute(std::span<const std::byte> send, std::span<std::byte> recv) {
-    const plan& p = plan_;
-    const std::size_t T = p.stages(), slots = p.op_stages();
-    const auto rail_src = rail_source_of(), rail_dst = rail_target_of();
-    auto my_recv_at = [&](const piece& pc) { return recv_displ(me_, pc.src) + pc.offset; };
-
-    // Every receive of the call, posted up front in stage order (two-sided transports match them).
-    for (std::size_t t = 0; t < slots; ++t)
-      for (const rank_op& op : p.ops(me_, t)) {
-        const piece& pc = p.pieces[op.piece];
-        switch (op.kind) {
-        case op_kind::intra_recv: up_->expect(pc.src, recv_up_, my_recv_at(pc), pc.bytes, channel::copy); break;
-        case op_kind::direct_recv: out_->expect(pc.src, recv_out_, my_recv_at(pc), pc.bytes, channel::rail); break;
-        case op_kind::balance_recv: up_->expect(pc.src, stage_up_, pc.stage_out, pc.bytes, channel::balance); break;
-        case op_kind::rail_recv:
-          if (pc.dst == me_) out_->expect(rail_src(pc), recv_out_, my_recv_at(pc), pc.bytes, channel::rail);
-          else out_->expect(rail_src(pc), stage_out_, pc.stage_in, pc.bytes, channel::rail);
-          break;
-        case op_kind::redistribute_recv:
-          up_->expect(rail_dst(pc), recv_up_, my_recv_at(pc), pc.bytes, channel::redistribute);
-          break;
-        default: break;
+      peer_stage& ps = peer_staging_[static_cast<std::size_t>(r)];
+      if (got[1] != ps.id) {
+        forget(ps);
+        ps.id = got[1];
+        if (got[1] != 0) {
+          if (up) ps.up = up_->deserialize(r, std::span(b + 16 + hu + ho, hu));
+          if (out) ps.out = out_->deserialize(r, std::span(b + 16 + 2 * hu + ho, ho));
         }
       }
-
-    // Self copies, intra-server traffic and (direct plans) every inter-server message.
-    const auto first = p.ops(me_, 0);
-    for (const rank_op& op : first) {
-      const piece& pc = p.pieces[op.piece];
-      const bytes_t from = send_displ_[pc.dst] + pc.offset;
-      if (op.kind == op_kind::self_copy) {
-        std::memcpy(recv.data() + my_recv_at(pc), send.data() + from, pc.bytes);
-      } else if (op.kind == op_kind::intra_send) {
-        up_->put(pc.dst, send_up_, from, remote_recv_up_[pc.dst], recv_displ(pc.dst, pc.src) + pc.offset, pc.bytes,
-                 channel::copy);
-      } else if (op.kind == op_kind::direct_send) {
-        out_->put(pc.dst, send_out_, from, remote_recv_out_[pc.dst], recv_displ(pc.dst, pc.src) + pc.offset,
-                  pc.bytes, channel::rail);
-      }
     }
-    for (rank_t d : peers_of(first, op_kind::intra_send, dst_of)) up_->signal(d, channel::copy);
-    for (rank_t d : peers_of(first, op_kind::direct_send, dst_of)) {
-      out_->signal(d, channel::rail);
-      ++rail_signals_[d]; // counted like a stage's rail signal, so that sent() counts stay exact
+  }
+
+  // --- execution -----------------------------------------------------------------------------
+
+  // Resolves this call's buffers: local registrations and base offsets, peers' receive entries.
+  void bind(registration& sreg, std::span<const std::byte> send, registration& rreg, std::span<std::byte> recv) {
+    send_reg_ = &sreg;
+    recv_reg_ = &rreg;
+    send_ptr_ = const_cast<std::byte*>(send.data());
+    recv_ptr_ = recv.data();
+    send_base_ = static_cast<bytes_t>(send_ptr_ - sreg.ptr);
+    recv_base_ = static_cast<bytes_t>(recv_ptr_ - rreg.ptr);
+    peer_recv_.assign(static_cast<std::size_t>(n_), nullptr);
+    for (rank_t r = 0; r < n_; ++r) {
+      remote_entry* e = find_known(r, word(r, h_recv_id));
+      e->used = clock_;
+      peer_recv_[static_cast<std::size_t>(r)] = e;
     }
+  }
 
-    if (T > 0) run_stages();
+  std::byte* local_ptr(buffer_id b) const noexcept {
+    return b == buffer_id::send ? send_ptr_ : b == buffer_id::recv ? recv_ptr_ : staging_.data();
+  }
+  bytes_t local_base(buffer_id b) const noexcept {
+    return b == buffer_id::send ? send_base_ : b == buffer_id::recv ? recv_base_ : 0;
+  }
 
-    // Everything addressed to this rank's receive buffer has landed.
-    for (rank_t s : peers_of(first, op_kind::intra_recv, src_of)) await(*up_, true, s, channel::copy, 0);
-    for (rank_t s : peers_of(first, op_kind::direct_recv, src_of)) await(*out_, false, s, channel::rail, 0);
-    for (std::size_t t = 0; t < T; ++t)
-      for (rank_t s : peers_of(p.ops(me_, t), op_kind::redistribute_recv, rail_dst))
-        await(*up_, true, s, channel::redistribute, t);
-    up_->flush();
-    out_->flush();
+  std::uint64_t& expected(tier via, rank_t peer, channel_id ch) noexcept {
+    return expected_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * engine_channel::count + ch];
+  }
+  std::uint64_t& signalled(tier via, rank_t peer, channel_id ch) noexcept {
+    return signalled_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * engine_channel::count + ch];
+  }
+
+  // Runs one copy, put, expect or signal.
+  void run(const instr& i) {
+    const bool up = i.via == tier::scaleup;
+    switch (i.op) {
+    case instr_op::copy: mem_.copy(local_ptr(i.dst_buf) + i.dst, local_ptr(i.src_buf) + i.src, i.bytes); break;
+    case instr_op::put: {
+      const bool to_recv = i.dst_buf == buffer_id::recv;
+      const remote_entry* pr = peer_recv_[static_cast<std::size_t>(i.peer)];
+      const peer_stage& ps = peer_staging_[static_cast<std::size_t>(i.peer)];
+      const bytes_t dst = i.dst + (to_recv ? word(i.peer, h_recv_base) : 0);
+      const auto& reg_s = i.src_buf == buffer_id::send ? *send_reg_ : i.src_buf == buffer_id::recv ? *recv_reg_ : *staging_reg_;
+      const bytes_t src = i.src + local_base(i.src_buf);
+      if (up) up_conn_->put(i.peer, reg_s.up, src, to_recv ? *pr->up : *ps.up, dst, i.bytes, i.channel);
+      else out_conn_->put(i.peer, reg_s.out, src, to_recv ? *pr->out : *ps.out, dst, i.bytes, i.channel);
+      break;
+    }
+    case instr_op::expect: {
+      const auto& reg_d = i.dst_buf == buffer_id::recv ? *recv_reg_ : *staging_reg_;
+      const bytes_t dst = i.dst + local_base(i.dst_buf);
+      if (up) up_conn_->expect(i.peer, reg_d.up, dst, i.bytes, i.channel);
+      else out_conn_->expect(i.peer, reg_d.out, dst, i.bytes, i.channel);
+      break;
+    }
+    case instr_op::signal:
+      if (up) up_conn_->signal(i.peer, i.channel);
+      else out_conn_->signal(i.peer, i.channel);
+      ++signalled(i.via, i.peer, i.channel);
+      break;
+    case instr_op::wait: break; // the runner waits
+    }
+  }
+  void run(std::span<const instr> code) {
+    for (const instr& i : code) run(i);
+  }
+
+  // Takes the next signal of a wait if it is there already; never blocks.
+  bool take(const instr& w) {
+    std::uint64_t& e = expected(w.via, w.peer, w.channel);
+    const bool ok = w.via == tier::scaleup ? up_conn_->test(w.peer, w.channel, e + 1) : out_conn_->test(w.peer, w.channel, e + 1);
+    if (ok) ++e;
+    return ok;
+  }
+  // Waits for the next signal of a wait, naming what is missing on timeout.
+  void await(const instr& w) {
+    std::uint64_t& e = expected(w.via, w.peer, w.channel);
+    ++e;
+    const bool ok = w.via == tier::scaleup ? up_conn_->wait(w.peer, w.channel, e, opt_.timeout)
+                                           : out_conn_->wait(w.peer, w.channel, e, opt_.timeout);
+    if (!ok) throw missing(w);
+  }
+  error missing(const instr& w) const {
+    return error("rank " + std::to_string(me_) + ": no " + engine_channel_name(w.channel) + " signal from rank " +
+                 std::to_string(w.peer) + (plan_.staged ? " in stage " + std::to_string(w.stage) : std::string()) +
+                 " within " + std::to_string(opt_.timeout.count()) + " ms");
+  }
+
+  void execute() {
+    using sec = rank_program::section;
+    const rank_program& pg = program_;
+    run(pg.at(sec::post));
+    run(pg.at(sec::start));
+    if (pg.stages() > 0) run_stages();
+    for (const instr& w : pg.at(sec::finish)) await(w);
+    up_conn_->flush();
+    out_conn_->flush();
+    mem_.synchronize();
   }
 
   // The staged part, as an event loop over three cursors: balance puts run rail_window stages
   // ahead of the rail; the rail sends of stage t start once t's balance data has arrived and fewer
   // than rail_window earlier stages' rail sends are still leaving this rank; stage r is
-  // redistributed as soon as its rail data has arrived. Nothing waits on a condition while another one could progress.
+  // redistributed as soon as its rail data has arrived. Nothing waits on a condition while another
+  // one could progress.
   void run_stages() {
-    const plan& p = plan_;
-    const std::size_t T = p.stages(), W = opt_.rail_window;
-    const auto rail_src = rail_source_of(), rail_dst = rail_target_of();
-
-    auto post_balance = [&](std::size_t t) {
-      const auto ops = p.ops(me_, t);
-      for (const rank_op& op : ops)
-        if (op.kind == op_kind::balance_send) {
-          const piece& pc = p.pieces[op.piece];
-          const rank_t a = rail_src(pc);
-          up_->put(a, send_up_, send_displ_[pc.dst] + pc.offset, remote_stage_up_[a], pc.stage_out, pc.bytes,
-                   channel::balance);
-        }
-      for (rank_t a : peers_of(ops, op_kind::balance_send, rail_src)) up_->signal(a, channel::balance);
-    };
+    using sec = rank_program::section;
+    const rank_program& pg = program_;
+    const std::size_t T = pg.stages(), W = opt_.rail_window;
     rail_peer_.assign(T, -1);
     rail_count_.assign(T, 0);
     leaving_.clear();
     auto post_rail = [&](std::size_t t) {
-      rank_t peer = -1;
-      for (const rank_op& op : p.ops(me_, t))
-        if (op.kind == op_kind::rail_send) {
-          const piece& pc = p.pieces[op.piece];
-          peer = rail_dst(pc);
-          const bool own = pc.src == me_;
-          const auto& from = own ? send_out_ : stage_out_;
-          const bytes_t from_at = own ? send_displ_[pc.dst] + pc.offset : pc.stage_out;
-          if (pc.dst == peer)
-            out_->put(peer, from, from_at, remote_recv_out_[peer], recv_displ(peer, pc.src) + pc.offset, pc.bytes,
-                      channel::rail);
-          else
-            out_->put(peer, from, from_at, remote_stage_out_[peer], pc.stage_in, pc.bytes, channel::rail);
+      for (const instr& i : pg.at(sec::rail, t)) {
+        run(i);
+        if (i.op == instr_op::signal) {
+          rail_peer_[t] = i.peer;
+          rail_count_[t] = signalled(tier::scaleout, i.peer, i.channel);
+          leaving_.push_back(t);
         }
-      if (peer >= 0) {
-        out_->signal(peer, channel::rail);
-        std::uint64_t& n = rail_signals_[peer];
-        rail_peer_[t] = peer;
-        rail_count_[t] = ++n;
-        leaving_.push_back(t);
       }
-    };
-    auto post_redistribute = [&](std::size_t t) {
-      const auto ops = p.ops(me_, t);
-      for (const rank_op& op : ops)
-        if (op.kind == op_kind::redistribute_send) {
-          const piece& pc = p.pieces[op.piece];
-          up_->put(pc.dst, stage_up_, pc.stage_in, remote_recv_up_[pc.dst], recv_displ(pc.dst, pc.src) + pc.offset,
-                   pc.bytes, channel::redistribute);
-        }
-      for (rank_t d : peers_of(ops, op_kind::redistribute_send, dst_of)) up_->signal(d, channel::redistribute);
     };
 
     std::size_t rail = 0, redist = 0, bal_i = 0, in_i = 0;
     const std::size_t ahead = std::min(T, W);
-    for (std::size_t t = 0; t < ahead; ++t) post_balance(t);
-    peers_into(bal_peers_, p.ops(me_, 0), op_kind::balance_recv, src_of);
-    peers_into(in_peers_, p.ops(me_, 0), op_kind::rail_recv, rail_src);
+    for (std::size_t t = 0; t < ahead; ++t) run(pg.at(sec::balance, t));
 
     detail::backoff idle(opt_.waiting);
     auto last = std::chrono::steady_clock::now();
     while (rail < T || redist < T) {
       bool moved = false;
       if (rail < T) {
-        while (bal_i < bal_peers_.size() && take(*up_, true, bal_peers_[bal_i], channel::balance)) ++bal_i, moved = true;
+        const auto waits = pg.at(sec::await_balance, rail);
+        while (bal_i < waits.size() && take(waits[bal_i])) ++bal_i, moved = true;
         // Stages whose rail sends have left no longer count against the window, in any order:
         // one slow flow (into a busy receiver) holds one slot, not the whole window.
         std::erase_if(leaving_, [&](std::size_t t) {
-          const bool gone = out_->sent(rail_peer_[t], channel::rail, rail_count_[t]);
+          const bool gone = out_conn_->sent(rail_peer_[t], engine_channel::rail, rail_count_[t]);
           moved |= gone;
           return gone;
         });
-        const bool window_open = leaving_.size() < W;
-        if (bal_i == bal_peers_.size() && window_open) {
+        if (bal_i == waits.size() && leaving_.size() < W) {
           post_rail(rail);
-          if (rail + W < T) post_balance(rail + W);
+          if (rail + W < T) run(pg.at(sec::balance, rail + W));
           ++rail;
           bal_i = 0;
-          if (rail < T) peers_into(bal_peers_, p.ops(me_, rail), op_kind::balance_recv, src_of);
           moved = true;
         }
       }
       if (redist < T) {
-        while (in_i < in_peers_.size() && take(*out_, false, in_peers_[in_i], channel::rail)) ++in_i, moved = true;
-        if (in_i == in_peers_.size()) {
-          post_redistribute(redist);
+        const auto waits = pg.at(sec::await_rail, redist);
+        while (in_i < waits.size() && take(waits[in_i])) ++in_i, moved = true;
+        if (in_i == waits.size()) {
+          run(pg.at(sec::redistribute, redist));
           ++redist;
           in_i = 0;
-          if (redist < T) peers_into(in_peers_, p.ops(me_, redist), op_kind::rail_recv, rail_src);
           moved = true;
         }
       }
@@ -488,16 +787,11 @@ private:
         continue;
       }
       if (now - last >= opt_.timeout) {
-        const std::string within = " within " + std::to_string(opt_.timeout.count()) + " ms";
-        const std::string who = "rank " + std::to_string(me_) + ": ";
-        if (redist < T && in_i < in_peers_.size())
-          throw error(who + "no " + to_string(channel::rail) + " signal from rank " + std::to_string(in_peers_[in_i]) +
-                      " in stage " + std::to_string(redist) + within);
-        if (rail < T && bal_i < bal_peers_.size())
-          throw error(who + "no " + to_string(channel::balance) + " signal from rank " +
-                      std::to_string(bal_peers_[bal_i]) + " in stage " + std::to_string(rail) + within);
-        throw error(who + "its rail sends of stage " + std::to_string(leaving_.front()) + " to rank " +
-                    std::to_string(rail_peer_[leaving_.front()]) + " did not leave" + within);
+        if (redist < T && in_i < pg.at(sec::await_rail, redist).size()) throw missing(pg.at(sec::await_rail, redist)[in_i]);
+        if (rail < T && bal_i < pg.at(sec::await_balance, rail).size()) throw missing(pg.at(sec::await_balance, rail)[bal_i]);
+        throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
+                    " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
+                    std::to_string(opt_.timeout.count()) + " ms");
       }
       idle.pause();
     }
@@ -508,23 +802,37 @@ private:
   Up* up_;
   Out* out_;
   engine_options opt_;
+  M mem_;
+  std::optional<up_conn> up_conn_;
+  std::optional<out_conn> out_conn_;
   rank_t n_ = 0, me_ = 0;
+  int G_ = 1;
+  std::uint64_t digest_ = 0;
   plan plan_;
   traffic_matrix traffic_;
   call_stats stats_;
-  std::vector<std::uint64_t> mine_, all_, expected_;
-  std::vector<bytes_t> send_displ_;
-  std::unique_ptr<std::byte[]> staging_;
-  bytes_t staging_size_ = 0;
+  program_builder<layout> builder_;
+  rank_program program_;
+  std::vector<std::uint64_t> mine_, all_, expected_, signalled_;
   std::vector<std::byte> handles_, all_handles_;
-  std::vector<rank_t> peers_, bal_peers_, in_peers_, rail_peer_;
+
+  // Registrations: this rank's buffers (windows and cached), its staging, what it knows of peers.
+  std::vector<registration> regs_;
+  std::uint64_t next_id_ = 1, clock_ = 0;
+  typename M::buffer staging_{};
+  std::optional<registration> staging_reg_;
+  std::vector<bytes_t> staging_cap_; ///< every rank's staging capacity, tracked from the plans
+  std::vector<std::vector<remote_entry>> known_;
+  std::vector<peer_stage> peer_staging_;
+
+  // The call in progress.
+  registration *send_reg_ = nullptr, *recv_reg_ = nullptr;
+  std::byte *send_ptr_ = nullptr, *recv_ptr_ = nullptr;
+  bytes_t send_base_ = 0, recv_base_ = 0;
+  std::vector<remote_entry*> peer_recv_;
+  std::vector<rank_t> rail_peer_;
   std::vector<std::uint64_t> rail_count_;
   std::vector<std::size_t> leaving_; // stages whose rail sends have not yet left this rank
-  std::vector<std::uint64_t> rail_signals_; // rail signals sent per peer, over the lifetime
-  typename Up::memory send_up_{}, recv_up_{}, stage_up_{};
-  typename Out::memory send_out_{}, recv_out_{}, stage_out_{};
-  std::vector<typename Up::remote> remote_recv_up_, remote_stage_up_;
-  std::vector<typename Out::remote> remote_recv_out_, remote_stage_out_;
 };
 
 } // namespace fasta2a

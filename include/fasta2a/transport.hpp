@@ -26,28 +26,28 @@ concept Bootstrap = requires(B& b, std::span<const std::byte> mine, std::span<st
   b.allgather(mine, all);
 };
 
-/// Signal channels: a peer's signals are counted separately per channel, and within a channel
-/// they are sent and awaited in the same (stage) order, so a receiver always knows how many to
-/// wait for without any other coordination.
-enum class channel : std::uint32_t { copy = 0, balance = 1, rail = 2, redistribute = 3 };
-inline constexpr std::uint32_t channel_count = 4;
+/// A signal channel: an opaque id chosen by whoever owns the connection (the engine uses one per
+/// phase of FAST). A peer's signals are counted separately per channel, and within a channel they
+/// are sent and awaited in the same order, so a receiver always knows how many to wait for without
+/// any other coordination. Channels of a connection are numbered from 0 to its channel count.
+using channel_id = std::uint32_t;
 
-inline const char* to_string(channel c) noexcept {
-  switch (c) {
-  case channel::copy: return "intra-server copy";
-  case channel::balance: return "balance";
-  case channel::rail: return "rail";
-  case channel::redistribute: return "redistribute";
+/// Where memory lives. A transport says which kinds it can register (`T::can_register`); a
+/// MemorySpace says which kind it allocates (`M::kind`).
+enum class memory_kind : std::uint8_t { host, cuda_device, hip_device };
+
+inline const char* to_string(memory_kind k) noexcept {
+  switch (k) {
+  case memory_kind::host: return "host";
+  case memory_kind::cuda_device: return "CUDA device";
+  case memory_kind::hip_device: return "HIP device";
   }
   return "?";
 }
 
-/// Moves bytes between ranks: one-sided in spirit (the sender names where the bytes land), with
-/// an `expect` hook so that two-sided transports (MPI send/receive, a NIC's receive queue) can post
-/// the matching receive.
+/// A connection of one rank to every peer of a transport: what moves bytes and counts signals.
+/// Each owner (an engine) has its own, so that signal counts of one never mix with another's.
 ///
-/// - `register_memory(p, n)` makes [p, p+n) a target or source; `serialize` gives a handle of
-///   exactly `handle_bytes` bytes that another rank turns into a `remote` with `deserialize`.
 /// - `put(peer, src, src_off, dst, dst_off, n, ch)` starts copying n bytes from local memory src
 ///   at src_off into peer's memory dst at dst_off; the bytes belong to channel ch (the channel of
 ///   the signal that will follow). It may return before the bytes have landed.
@@ -55,35 +55,59 @@ inline const char* to_string(channel c) noexcept {
 ///   dst at dst_off (one call per put, in the order the peer puts them on that channel). A
 ///   one-sided transport ignores it.
 /// - `signal(peer, ch)`: after every put this rank made to peer before it has landed, peer's
-///   counter for (this rank, ch) grows by one.
+///   counter for (this rank, ch) on this connection grows by one.
 /// - `wait(peer, ch, count, timeout)`: true once this rank's counter for (peer, ch) reaches count
 ///   and every expect that those signals cover (the peer's puts on ch before its count-th signal)
 ///   has completed; false at the timeout. Expects of later stages may still be pending.
-/// - `test(peer, ch, count)`: one poll of `wait`, never blocking (the engine's own event loop
-///   interleaves several conditions with it).
+/// - `test(peer, ch, count)`: one poll of `wait`, never blocking (an event loop interleaves several
+///   conditions with it).
 /// - `sent(peer, ch, count)`: never blocking; true once every put this rank made to peer on ch
 ///   before its count-th signal there has left this rank (its source may be reused, the network
-///   has the bytes). The engine paces its rail stages with it.
+///   has the bytes).
 /// - `flush()`: every put this rank started has completed (its source may be reused).
+///
+/// Counts start at zero when the connection is made and are the connection's own.
+template <class C, class Mem, class Rem>
+concept Connection = requires(C& c, rank_t peer, const Mem& mem, const Rem& rem, std::size_t n,
+                              channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
+  c.put(peer, mem, n, rem, n, n, ch);
+  c.expect(peer, mem, n, n, ch);
+  c.signal(peer, ch);
+  { c.wait(peer, ch, count, timeout) } -> std::same_as<bool>;
+  { c.test(peer, ch, count) } -> std::same_as<bool>;
+  { c.sent(peer, ch, count) } -> std::same_as<bool>;
+  c.flush();
+};
+
+/// Moves bytes between ranks: one-sided in spirit (the sender names where the bytes land), with
+/// an `expect` hook so that two-sided transports (MPI send/receive, a NIC's receive queue) can post
+/// the matching receive. A transport owns what lasts (memory registrations, the links to peers);
+/// the moving and signalling happen on connections it hands out.
+///
+/// - `can_register(kind)` (static): whether memory of that kind can be registered at all.
+/// - `register_memory(p, n)` makes [p, p+n) a target or source until `deregister`; `serialize`
+///   gives a handle of exactly `handle_bytes` bytes that another rank turns into a `remote` with
+///   `deserialize`, and releases with `forget` (an opened IPC mapping, say) when it no longer
+///   needs it. Registration is meant to be done once per buffer and kept: it may pin pages or map
+///   memory, which costs far more than a put.
+/// - `connect(channels)` makes a connection with its own signal counters for channels
+///   [0, channels). Collective over the transport's ranks: every rank makes its connections in the
+///   same order (as communicators are made). A connection must not outlive its transport.
 template <class T>
-concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer,
-                             const typename T::memory& mem, const typename T::remote& rem,
-                             std::span<const std::byte> blob, channel ch, std::uint64_t count,
-                             std::chrono::milliseconds timeout) {
+concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer, typename T::memory& mem,
+                             typename T::remote& rem, std::span<const std::byte> blob, channel_id channels) {
   typename T::memory;
   typename T::remote;
+  typename T::connection;
   { T::handle_bytes } -> std::convertible_to<std::size_t>;
+  { T::can_register(memory_kind::host) } -> std::same_as<bool>;
   { t.register_memory(p, n) } -> std::same_as<typename T::memory>;
+  t.deregister(mem);
   { ct.serialize(mem) } -> std::same_as<std::vector<std::byte>>;
   { t.deserialize(peer, blob) } -> std::same_as<typename T::remote>;
-  t.put(peer, mem, n, rem, n, n, ch);
-  t.expect(peer, mem, n, n, ch);
-  t.signal(peer, ch);
-  { t.wait(peer, ch, count, timeout) } -> std::same_as<bool>;
-  { t.test(peer, ch, count) } -> std::same_as<bool>;
-  { t.sent(peer, ch, count) } -> std::same_as<bool>;
-  t.flush();
-};
+  t.forget(rem);
+  { t.connect(channels) } -> std::same_as<typename T::connection>;
+} && Connection<typename T::connection, typename T::memory, typename T::remote>;
 
 /// How a rank waits for a signal: spin briefly (cheap when the peer is close), then yield, then
 /// sleep with exponential back-off, so that many ranks sharing few cores do not starve the ones

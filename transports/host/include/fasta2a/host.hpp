@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -18,17 +19,17 @@
 
 namespace fasta2a {
 
-/// What the threads of one process share: signal counters and the bootstrap's meeting point.
-/// Create one per group of ranks, then one host_bootstrap and one host_transport per thread.
+/// What the threads of one process share: the signal counters of every connection and the
+/// bootstrap's meeting point. Create one per group of ranks, then one host_bootstrap and one
+/// host_transport per thread.
 class host_fabric {
 public:
   /// Throws fasta2a::error if ranks < 1.
   explicit host_fabric(rank_t ranks, std::chrono::milliseconds timeout = std::chrono::seconds(30))
       : ranks_(ranks), timeout_(timeout) {
     if (ranks < 1) throw error("host_fabric needs at least one rank (got " + std::to_string(ranks) + ")");
-    counters_ = std::make_unique<std::atomic<std::uint64_t>[]>(
-        static_cast<std::size_t>(ranks) * ranks * channel_count);
     arrived_flags_.assign(ranks, 0);
+    connections_made_.assign(ranks, 0);
   }
   host_fabric(const host_fabric&) = delete;
   host_fabric& operator=(const host_fabric&) = delete;
@@ -36,10 +37,21 @@ public:
   rank_t size() const noexcept { return ranks_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
-  /// Signals received by rank `to` from rank `from` on channel ch.
-  std::atomic<std::uint64_t>& counter(rank_t to, rank_t from, channel ch) noexcept {
-    return counters_[(static_cast<std::size_t>(to) * ranks_ + from) * channel_count +
-                     static_cast<std::uint32_t>(ch)];
+  /// The signal counters of rank `rank`'s next connection: its k-th connection shares them with
+  /// every other rank's k-th (connections are made in the same order on every rank), indexed
+  /// (receiver, sender, channel). Throws fasta2a::error if ranks disagree on the channel count.
+  std::atomic<std::uint64_t>* connect(rank_t rank, channel_id channels) {
+    std::lock_guard lock(mutex_);
+    const std::size_t k = connections_made_[static_cast<std::size_t>(rank)]++;
+    if (k == tables_.size()) {
+      const std::size_t n = static_cast<std::size_t>(ranks_) * static_cast<std::size_t>(ranks_) * channels;
+      tables_.push_back({std::make_unique<std::atomic<std::uint64_t>[]>(n), channels});
+      for (std::size_t i = 0; i < n; ++i) tables_.back().counters[i].store(0, std::memory_order_relaxed);
+    } else if (tables_[k].channels != channels) {
+      throw error("host_fabric: rank " + std::to_string(rank) + "'s connection " + std::to_string(k) + " has " +
+                  std::to_string(channels) + " channels, another rank's " + std::to_string(tables_[k].channels));
+    }
+    return tables_[k].counters.get();
   }
 
   /// Allgather among all ranks of the fabric. Two buffers alternate by generation: a rank can only
@@ -79,7 +91,12 @@ public:
 private:
   rank_t ranks_;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> counters_;
+  struct table {
+    std::unique_ptr<std::atomic<std::uint64_t>[]> counters;
+    channel_id channels;
+  };
+  std::deque<table> tables_;             ///< per connection (a deque never moves them)
+  std::vector<std::size_t> connections_made_; ///< per rank
   std::mutex mutex_;
   std::condition_variable cv_;
   std::uint64_t generation_ = 0;
@@ -108,7 +125,8 @@ private:
   rank_t rank_;
 };
 
-/// Transport of one thread-rank of a host_fabric: memcpy puts, atomic-counter signals.
+/// Transport of one thread-rank of a host_fabric: memcpy puts, atomic-counter signals. Memory
+/// needs no registration (a handle is a pointer and a size); connections have their own counters.
 class host_transport {
 public:
   struct memory {
@@ -117,6 +135,62 @@ public:
   };
   using remote = memory;
   static constexpr std::size_t handle_bytes = sizeof(std::byte*) + sizeof(std::size_t);
+  static constexpr bool can_register(memory_kind k) noexcept { return k == memory_kind::host; }
+
+  /// One rank's connection: puts are copies made before put returns, a signal is a release
+  /// increment of the peer's counter, a wait polls it under the transport's wait_policy.
+  class connection {
+  public:
+    void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
+             std::size_t n, channel_id ch) const {
+      check(peer, ch, "put");
+      if (n == 0) return;
+      if (src_off > src.size || n > src.size - src_off || dst_off > dst.size || n > dst.size - dst_off)
+        throw error("host_transport: put of " + std::to_string(n) + " bytes from offset " +
+                    std::to_string(src_off) + " (of " + std::to_string(src.size) + ") to rank " +
+                    std::to_string(peer) + " at offset " + std::to_string(dst_off) + " (of " +
+                    std::to_string(dst.size) + ") is out of bounds");
+      std::memcpy(dst.ptr + dst_off, src.ptr + src_off, n);
+    }
+    /// One-sided: the bytes land where the sender puts them.
+    void expect(rank_t peer, const memory&, std::size_t, std::size_t, channel_id ch) const { check(peer, ch, "expect"); }
+    void signal(rank_t peer, channel_id ch) const {
+      check(peer, ch, "signal");
+      // Release: the peer's acquire load that sees this count also sees every byte put before.
+      counter(peer, rank_, ch).fetch_add(1, std::memory_order_release);
+    }
+    bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) const {
+      check(peer, ch, "wait");
+      auto& c = counter(rank_, peer, ch);
+      return detail::poll_until([&] { return c.load(std::memory_order_acquire) >= count; }, waiting_, timeout);
+    }
+    bool test(rank_t peer, channel_id ch, std::uint64_t count) const {
+      check(peer, ch, "test");
+      return counter(rank_, peer, ch).load(std::memory_order_acquire) >= count;
+    }
+    /// Puts are copies made before put returns: they have always left.
+    bool sent(rank_t, channel_id, std::uint64_t) const noexcept { return true; }
+    void flush() const noexcept {}
+
+  private:
+    friend class host_transport;
+    connection(std::atomic<std::uint64_t>* counters, rank_t ranks, rank_t rank, channel_id channels, wait_policy w)
+        : counters_(counters), ranks_(ranks), rank_(rank), channels_(channels), waiting_(w) {}
+    std::atomic<std::uint64_t>& counter(rank_t to, rank_t from, channel_id ch) const noexcept {
+      return counters_[(static_cast<std::size_t>(to) * static_cast<std::size_t>(ranks_) + static_cast<std::size_t>(from)) *
+                           channels_ + ch];
+    }
+    void check(rank_t peer, channel_id ch, const char* what) const {
+      if (peer < 0 || peer >= ranks_ || ch >= channels_)
+        throw error(std::string("host_transport: ") + what + " to rank " + std::to_string(peer) + " on channel " +
+                    std::to_string(ch) + ": there are " + std::to_string(ranks_) + " ranks and " +
+                    std::to_string(channels_) + " channels");
+    }
+    std::atomic<std::uint64_t>* counters_;
+    rank_t ranks_, rank_;
+    channel_id channels_;
+    wait_policy waiting_;
+  };
 
   host_transport(host_fabric& fabric, rank_t rank, wait_policy waiting = {})
       : fabric_(&fabric), rank_(rank), waiting_(waiting) {
@@ -125,7 +199,11 @@ public:
                   std::to_string(fabric.size()));
   }
 
+  rank_t rank() const noexcept { return rank_; }
+  rank_t size() const noexcept { return fabric_->size(); }
+
   memory register_memory(void* p, std::size_t n) const noexcept { return {static_cast<std::byte*>(p), n}; }
+  void deregister(memory&) const noexcept {}
 
   std::vector<std::byte> serialize(const memory& m) const {
     std::vector<std::byte> out(handle_bytes);
@@ -143,39 +221,14 @@ public:
     std::memcpy(&r.size, blob.data() + sizeof(r.ptr), sizeof(r.size));
     return r;
   }
+  void forget(remote&) const noexcept {}
 
-  void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
-           std::size_t n, channel) const {
-    if (n == 0) return;
-    if (src_off > src.size || n > src.size - src_off || dst_off > dst.size || n > dst.size - dst_off)
-      throw error("host_transport: put of " + std::to_string(n) + " bytes from offset " +
-                  std::to_string(src_off) + " (of " + std::to_string(src.size) + ") to rank " +
-                  std::to_string(peer) + " at offset " + std::to_string(dst_off) + " (of " +
-                  std::to_string(dst.size) + ") is out of bounds");
-    std::memcpy(dst.ptr + dst_off, src.ptr + src_off, n);
+  /// A connection with its own counters for channels [0, channels). Every rank of the fabric makes
+  /// its connections in the same order; the k-th of each meet.
+  connection connect(channel_id channels) {
+    if (channels < 1) throw error("host_transport: a connection needs at least one channel");
+    return connection(fabric_->connect(rank_, channels), fabric_->size(), rank_, channels, waiting_);
   }
-
-  /// One-sided: the bytes land where the sender puts them.
-  void expect(rank_t, const memory&, std::size_t, std::size_t, channel) const noexcept {}
-
-  void signal(rank_t peer, channel ch) const noexcept {
-    // Release: the peer's acquire load that sees this count also sees every byte put before.
-    fabric_->counter(peer, rank_, ch).fetch_add(1, std::memory_order_release);
-  }
-
-  bool wait(rank_t peer, channel ch, std::uint64_t count, std::chrono::milliseconds timeout) const {
-    auto& c = fabric_->counter(rank_, peer, ch);
-    return detail::poll_until([&] { return c.load(std::memory_order_acquire) >= count; }, waiting_, timeout);
-  }
-
-  bool test(rank_t peer, channel ch, std::uint64_t count) const noexcept {
-    return fabric_->counter(rank_, peer, ch).load(std::memory_order_acquire) >= count;
-  }
-
-  /// Puts are copies made before put returns: they have always left.
-  bool sent(rank_t, channel, std::uint64_t) const noexcept { return true; }
-
-  void flush() const noexcept {}
 
 private:
   host_fabric* fabric_;

@@ -234,13 +234,13 @@ struct mpi_transport_options {
   std::size_t max_message_bytes = detail::mpi_int_max;
 };
 
-/// A two-sided Transport over MPI point-to-point on its own duplicate of a communicator (so its
-/// messages never match anyone else's). Non-copyable: it owns the duplicate and the requests in
-/// flight.
+/// A two-sided Transport over MPI point-to-point. The transport holds its own duplicate of a
+/// communicator; each connection holds a duplicate of that (so messages of two engines never match
+/// each other's, nor anyone else's). Non-copyable; connections are move-only.
 ///
 /// - `put` is an MPI_Isend on the channel's data tag, `expect` the matching MPI_Irecv straight into
 ///   the registered memory: MPI matches messages of one (source, tag) in the order they were sent,
-///   so puts and expects pair up per (peer, channel) exactly as the Transport concept orders them.
+///   so puts and expects pair up per (peer, channel) exactly as the Connection concept orders them.
 /// - `signal` is a small MPI_Isend on the channel's signal tag that carries how many puts this rank
 ///   has made to the peer on that channel so far. MPI does not order messages of different tags,
 ///   so a signal cannot vouch for the data by arriving after it; the count says instead which
@@ -249,7 +249,8 @@ struct mpi_transport_options {
 /// - `wait` and `flush` poll (MPI_Iprobe, MPI_Testall) under the wait_policy: no hard spinning.
 ///
 /// Memory needs no registration with MPI: a `memory` is a pointer and a size, a `remote` the
-/// peer's rank and the size of its region (for bounds checks at the sender).
+/// peer's rank and the size of its region (for bounds checks at the sender). Host memory only
+/// (Debian's Open MPI is not CUDA-aware).
 class mpi_transport {
 public:
   /// Local memory the transport reads from or receives into.
@@ -265,12 +266,297 @@ public:
   };
   /// A serialized handle: the region's address and size, 8 bytes each.
   static constexpr std::size_t handle_bytes = 16;
+  static constexpr bool can_register(memory_kind k) noexcept { return k == memory_kind::host; }
+
+  /// One engine's connection: its own communicator (a duplicate), its own requests and counts.
+  class connection {
+  public:
+    connection(connection&& o) noexcept
+        : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
+          channels_(o.channels_), inbound_(std::move(o.inbound_)), outbound_(std::move(o.outbound_)),
+          puts_sent_(std::move(o.puts_sent_)), sends_(std::move(o.sends_)), send_peer_(std::move(o.send_peer_)),
+          signal_payload_(std::move(o.signal_payload_)) {}
+    connection& operator=(connection&&) = delete;
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+
+    /// Cancels receives still posted, lets sends still in flight finish on their own, and frees the
+    /// duplicate communicator. Does nothing once MPI has been finalised.
+    ~connection() {
+      if (comm_ == MPI_COMM_NULL) return;
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      for (inbound& in : inbound_)
+        for (MPI_Request& r : in.reqs)
+          if (r != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+          }
+      for (MPI_Request& r : sends_)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      MPI_Comm_free(&comm_);
+    }
+
+    /// Starts sending bytes [src_off, src_off + n) of src to peer, landing at dst_off of dst (where
+    /// peer's matching expect on channel_id ch puts it). Returns at once; the source must stay untouched
+    /// until flush(). Throws fasta2a::error naming the offsets if either range is out of bounds.
+    void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
+             std::size_t n, channel_id ch) {
+      check_peer(peer, "put");
+      const std::size_t c = check_channel(ch, "put");
+      if (dst.rank != peer)
+        throw error("mpi_transport::put: the remote handle belongs to rank " + std::to_string(dst.rank) +
+                    ", not to the peer " + std::to_string(peer));
+      check_range(src_off, n, src.size, "put", "source", peer);
+      check_range(dst_off, n, dst.size, "put", "destination", peer);
+      detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        detail::mpi_check(MPI_Isend(src.ptr + src_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
+                          "mpi_transport::put: MPI_Isend");
+        outbound_[lane(peer, c)].reqs.push_back(sends_.size());
+        sends_.push_back(r);
+        send_peer_.push_back(peer);
+      });
+      ++puts_sent_[lane(peer, c)];
+    }
+
+    /// Posts the receive of peer's next put on channel_id ch: n bytes into [dst_off, dst_off + n) of
+    /// dst. Throws fasta2a::error naming the offsets if the range is outside the registration.
+    void expect(rank_t peer, const memory& dst, std::size_t dst_off, std::size_t n, channel_id ch) {
+      check_peer(peer, "expect");
+      const std::size_t c = check_channel(ch, "expect");
+      check_range(dst_off, n, dst.size, "expect", "destination", peer);
+      inbound& in = inbound_[lane(peer, c)];
+      detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        detail::mpi_check(MPI_Irecv(dst.ptr + dst_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
+                          "mpi_transport::expect: MPI_Irecv");
+        in.reqs.push_back(r);
+      });
+      in.expect_end.push_back(in.reqs_base + in.reqs.size());
+      ++in.expects_posted;
+    }
+
+    /// Tells peer that this rank's puts to it on channel_id ch so far are on their way: peer's counter
+    /// for (this rank, ch) grows by one, and its wait covers those puts.
+    void signal(rank_t peer, channel_id ch) {
+      check_peer(peer, "signal");
+      const std::size_t c = check_channel(ch, "signal");
+      // The payload must outlive the send: a deque never moves its elements.
+      signal_payload_.push_back(puts_sent_[lane(peer, c)]);
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail::mpi_check(MPI_Isend(&signal_payload_.back(), 1, MPI_UINT64_T, peer, signal_tag(c), comm_, &r),
+                        "mpi_transport::signal: MPI_Isend");
+      sends_.push_back(r);
+      send_peer_.push_back(peer);
+      outbound& o = outbound_[lane(peer, c)];
+      o.mark.push_back(o.reqs.size());
+      ++o.signals;
+    }
+
+    /// True once `count` signals from peer on channel_id ch have arrived (counted over the transport's
+    /// lifetime) and every expect those signals cover has received its bytes; false if that has not
+    /// happened within `timeout`. Throws fasta2a::error if peer has put more on ch than this rank has
+    /// expected (the two sides disagree on the traffic), or if a receive failed (for instance a put
+    /// longer than its expect).
+    bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
+      check_peer(peer, "wait");
+      const std::size_t c = check_channel(ch, "wait");
+      inbound& in = inbound_[lane(peer, c)];
+      return detail::poll_until([&] { return progress(in, peer, c, count); }, opt_.waiting, timeout);
+    }
+
+    /// One poll of wait(peer, ch, count): never blocks.
+    bool test(rank_t peer, channel_id ch, std::uint64_t count) {
+      check_peer(peer, "test");
+      const std::size_t c = check_channel(ch, "test");
+      return progress(inbound_[lane(peer, c)], peer, c, count);
+    }
+
+    /// True once every put this rank made to peer on channel_id ch before its count-th signal there has
+    /// left this rank (MPI_Test says its send completed: the source may be reused). Never blocks.
+    /// Throws fasta2a::error if this rank has not signalled peer count times on ch.
+    bool sent(rank_t peer, channel_id ch, std::uint64_t count) {
+      check_peer(peer, "sent");
+      const std::size_t c = check_channel(ch, "sent");
+      outbound& o = outbound_[lane(peer, c)];
+      if (count <= o.base) return true; // flushed
+      if (count > o.signals)
+        throw error("mpi_transport::sent: rank " + std::to_string(rank_) + " has signalled rank " + std::to_string(peer) +
+                    " " + std::to_string(o.signals) + " times on channel " + std::to_string(ch) + ", not " +
+                    std::to_string(count));
+      const std::size_t need = o.mark[count - 1 - o.base];
+      while (o.done < need) {
+        int flag = 0;
+        detail::mpi_check(MPI_Test(&sends_[o.reqs[o.done]], &flag, MPI_STATUS_IGNORE), "mpi_transport::sent: MPI_Test");
+        if (!flag) return false;
+        ++o.done;
+      }
+      return true;
+    }
+
+    /// Returns once every put and signal this rank started has completed (its source may be reused).
+    /// Throws fasta2a::error naming a peer that has not taken its bytes within the flush timeout.
+    void flush() {
+      int rc = MPI_SUCCESS;
+      const bool done = detail::poll_until(
+          [&] {
+            int flag = 0;
+            rc = MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE);
+            return rc != MPI_SUCCESS || flag != 0;
+          },
+          opt_.waiting, opt_.flush_timeout);
+      detail::mpi_check(rc, "mpi_transport::flush: MPI_Testall");
+      if (!done) {
+        rank_t late = -1;
+        for (std::size_t i = 0; i < sends_.size() && late < 0; ++i) {
+          int flag = 0;
+          MPI_Test(&sends_[i], &flag, MPI_STATUS_IGNORE);
+          if (!flag) late = send_peer_[i];
+        }
+        throw error("mpi_transport::flush: rank " + std::to_string(rank_) + "'s sends to rank " +
+                    std::to_string(late) + " did not complete within " + std::to_string(opt_.flush_timeout.count()) +
+                    " ms (did it post the matching expects?)");
+      }
+      sends_.clear();
+      send_peer_.clear();
+      signal_payload_.clear();
+      for (outbound& o : outbound_) {
+        o.base = o.signals;
+        o.reqs.clear();
+        o.mark.clear();
+        o.done = 0;
+      }
+    }
+
+  private:
+    /// What this rank knows of one (peer, channel): its posted receives and the signals seen.
+    /// Indices are absolute over the transport's lifetime; the vectors hold only what is not known
+    /// to be complete, from reqs_base and expects_base on.
+    struct inbound {
+      std::vector<MPI_Request> reqs;          ///< chunk receives, from absolute index reqs_base
+      std::vector<std::uint64_t> expect_end;  ///< per expect from expects_base: one past its last chunk
+      std::uint64_t reqs_base = 0;
+      std::uint64_t expects_base = 0;
+      std::uint64_t expects_posted = 0;
+      std::uint64_t chunks_done = 0; ///< chunks [0, chunks_done) have completed
+      std::uint64_t signals = 0;     ///< signals received
+      std::uint64_t covered = 0;     ///< puts the latest received signal vouches for
+    };
+
+    /// What this rank has sent to one (peer, channel) since the last flush, for sent().
+    struct outbound {
+      std::vector<std::size_t> reqs; ///< indices into sends_ of the put chunks, in order
+      std::vector<std::size_t> mark; ///< per signal since the flush: how many of reqs it covers
+      std::size_t done = 0;          ///< reqs[0, done) are known complete
+      std::uint64_t signals = 0;     ///< signals sent over the lifetime
+      std::uint64_t base = 0;        ///< signals sent before the last flush (all complete)
+    };
+
+    static int data_tag(std::size_t c) noexcept { return static_cast<int>(c); }
+    int signal_tag(std::size_t c) const noexcept { return static_cast<int>(channels_ + c); }
+    std::size_t lane(rank_t peer, std::size_t c) const noexcept {
+      return static_cast<std::size_t>(peer) * channels_ + c;
+    }
+
+    void check_peer(rank_t peer, const char* who) const {
+      if (peer < 0 || peer >= size_)
+        throw error(std::string("mpi_transport::") + who + ": peer " + std::to_string(peer) +
+                    " is not a rank of the communicator (size " + std::to_string(size_) + ")");
+    }
+    std::size_t check_channel(channel_id ch, const char* who) const {
+      const auto c = static_cast<std::size_t>(ch);
+      if (c >= channels_)
+        throw error(std::string("mpi_transport::") + who + ": channel " + std::to_string(c) + " does not exist");
+      return c;
+    }
+    static void check_range(std::size_t off, std::size_t n, std::size_t size, const char* who, const char* side,
+                            rank_t peer) {
+      if (off > size || n > size - off)
+        throw error(std::string("mpi_transport::") + who + ": " + side + " bytes [" + std::to_string(off) + ", " +
+                    std::to_string(off) + " + " + std::to_string(n) + ") (peer " + std::to_string(peer) +
+                    ") fall outside the registered " + std::to_string(size) + " bytes");
+    }
+
+    /// One poll of wait(): takes the signals that have arrived (up to count), then tests the
+    /// receives they cover. True when both are done.
+    bool progress(inbound& in, rank_t peer, std::size_t c, std::uint64_t count) {
+      while (in.signals < count) {
+        int flag = 0;
+        MPI_Status st;
+        detail::mpi_check(MPI_Iprobe(peer, signal_tag(c), comm_, &flag, &st), "mpi_transport::wait: MPI_Iprobe");
+        if (!flag) break;
+        std::uint64_t covered = 0;
+        detail::mpi_check(MPI_Recv(&covered, 1, MPI_UINT64_T, peer, signal_tag(c), comm_, MPI_STATUS_IGNORE),
+                          "mpi_transport::wait: MPI_Recv of a signal");
+        ++in.signals;
+        in.covered = std::max(in.covered, covered);
+      }
+      if (in.covered > in.expects_posted)
+        throw error("mpi_transport::wait: rank " + std::to_string(peer) + " has put " + std::to_string(in.covered) +
+                    " messages on channel " + std::to_string(c) + " to rank " +
+                    std::to_string(rank_) + ", which expects only " + std::to_string(in.expects_posted) +
+                    ": the ranks disagree on the traffic");
+      // Chunks the covered expects end at: everything before must have landed.
+      const std::uint64_t needed =
+          in.covered <= in.expects_base ? in.reqs_base : in.expect_end[in.covered - 1 - in.expects_base];
+      if (in.chunks_done < needed) {
+        int flag = 0;
+        const std::size_t from = in.chunks_done - in.reqs_base;
+        const int rc = MPI_Testall(static_cast<int>(needed - in.chunks_done), in.reqs.data() + from, &flag,
+                                   MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+          try {
+            detail::mpi_check(rc, "MPI_Testall");
+          } catch (const error& e) {
+            throw error("mpi_transport::wait: receiving from rank " + std::to_string(peer) + " on channel " + std::to_string(c) + ": " + e.what() +
+                        " (a put longer than its expect?)");
+          }
+        }
+        if (!flag) return false;
+        in.chunks_done = needed;
+      }
+      // Everything posted has landed: drop it, so a long-lived transport does not grow.
+      if (in.chunks_done == in.reqs_base + in.reqs.size() && !in.reqs.empty()) {
+        in.reqs_base += in.reqs.size();
+        in.expects_base += in.expect_end.size();
+        in.reqs.clear();
+        in.expect_end.clear();
+      }
+      return in.signals >= count;
+    }
+
+
+    friend class mpi_transport;
+    connection(MPI_Comm parent, const mpi_transport_options& opt, channel_id channels) : opt_(opt), channels_(channels) {
+      detail::mpi_check(MPI_Comm_dup(parent, &comm_), "mpi_transport::connect: MPI_Comm_dup");
+      MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+      const std::size_t lanes = static_cast<std::size_t>(size_) * channels_;
+      inbound_.resize(lanes);
+      outbound_.resize(lanes);
+      puts_sent_.assign(lanes, 0);
+    }
+
+    mpi_transport_options opt_;
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = 0;
+    int size_ = 1;
+    std::size_t channels_ = 1;
+    std::vector<inbound> inbound_;          ///< per (peer, channel)
+    std::vector<outbound> outbound_;        ///< per (peer, channel)
+    std::vector<std::uint64_t> puts_sent_;  ///< per (peer, channel): puts made over the lifetime
+    std::vector<MPI_Request> sends_;        ///< puts and signals in flight, until flush
+    std::vector<rank_t> send_peer_;         ///< the peer of each, for flush's message
+    std::deque<std::uint64_t> signal_payload_;
+  };
 
   /// Duplicates `comm` (collective over it) and sets the duplicate to return errors, so that MPI
   /// failures become fasta2a::error. Throws fasta2a::error if MPI is not initialised, comm is
   /// MPI_COMM_NULL or an option is out of range.
-  explicit mpi_transport(MPI_Comm comm, mpi_transport_options opt = {})
-      : opt_(opt) {
+  explicit mpi_transport(MPI_Comm comm, mpi_transport_options opt = {}) : opt_(opt) {
     detail::check_max_message(opt_.max_message_bytes, "mpi_transport");
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -280,30 +566,14 @@ public:
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    const std::size_t lanes = static_cast<std::size_t>(size_) * channel_count;
-    inbound_.resize(lanes);
-    outbound_.resize(lanes);
-    puts_sent_.assign(lanes, 0);
   }
-
   mpi_transport(const mpi_transport&) = delete;
   mpi_transport& operator=(const mpi_transport&) = delete;
-
-  /// Cancels receives still posted, lets sends still in flight finish on their own, and frees the
-  /// duplicate communicator. Does nothing once MPI has been finalised.
+  /// Frees the duplicate communicator (connections have their own). Nothing once MPI is finalised.
   ~mpi_transport() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) return;
-    for (inbound& in : inbound_)
-      for (MPI_Request& r : in.reqs)
-        if (r != MPI_REQUEST_NULL) {
-          MPI_Cancel(&r);
-          MPI_Wait(&r, MPI_STATUS_IGNORE);
-        }
-    for (MPI_Request& r : sends_)
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    MPI_Comm_free(&comm_);
+    if (!finalized) MPI_Comm_free(&comm_);
   }
 
   /// This rank in the transport's communicator.
@@ -318,6 +588,8 @@ public:
       throw error("mpi_transport::register_memory: null pointer for " + std::to_string(n) + " bytes");
     return memory{static_cast<std::byte*>(p), n};
   }
+  /// MPI pins nothing for us: nothing to undo.
+  void deregister(memory&) noexcept {}
 
   /// The handle of `m`: its address and size, 8 bytes each, native byte order (every rank runs
   /// the same program on the same kind of machine).
@@ -332,7 +604,9 @@ public:
   /// The remote view of peer's handle. Throws fasta2a::error if the blob is not handle_bytes long
   /// or peer is not a rank of the communicator.
   remote deserialize(rank_t peer, std::span<const std::byte> blob) {
-    check_peer(peer, "deserialize");
+    if (peer < 0 || peer >= size_)
+      throw error("mpi_transport::deserialize: peer " + std::to_string(peer) +
+                  " is not a rank of the communicator (size " + std::to_string(size_) + ")");
     if (blob.size() != handle_bytes)
       throw error("mpi_transport::deserialize: rank " + std::to_string(peer) + "'s handle is " +
                   std::to_string(blob.size()) + " bytes, expected " + std::to_string(handle_bytes));
@@ -340,247 +614,20 @@ public:
     std::memcpy(words, blob.data(), handle_bytes);
     return remote{peer, static_cast<std::size_t>(words[1])};
   }
+  void forget(remote&) noexcept {}
 
-  /// Starts sending bytes [src_off, src_off + n) of src to peer, landing at dst_off of dst (where
-  /// peer's matching expect on channel ch puts it). Returns at once; the source must stay untouched
-  /// until flush(). Throws fasta2a::error naming the offsets if either range is out of bounds.
-  void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
-           std::size_t n, channel ch) {
-    check_peer(peer, "put");
-    const std::size_t c = check_channel(ch, "put");
-    if (dst.rank != peer)
-      throw error("mpi_transport::put: the remote handle belongs to rank " + std::to_string(dst.rank) +
-                  ", not to the peer " + std::to_string(peer));
-    check_range(src_off, n, src.size, "put", "source", peer);
-    check_range(dst_off, n, dst.size, "put", "destination", peer);
-    detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Isend(src.ptr + src_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
-                        "mpi_transport::put: MPI_Isend");
-      outbound_[lane(peer, c)].reqs.push_back(sends_.size());
-      sends_.push_back(r);
-      send_peer_.push_back(peer);
-    });
-    ++puts_sent_[lane(peer, c)];
-  }
-
-  /// Posts the receive of peer's next put on channel ch: n bytes into [dst_off, dst_off + n) of
-  /// dst. Throws fasta2a::error naming the offsets if the range is outside the registration.
-  void expect(rank_t peer, const memory& dst, std::size_t dst_off, std::size_t n, channel ch) {
-    check_peer(peer, "expect");
-    const std::size_t c = check_channel(ch, "expect");
-    check_range(dst_off, n, dst.size, "expect", "destination", peer);
-    inbound& in = inbound_[lane(peer, c)];
-    detail::for_each_chunk(n, opt_.max_message_bytes, [&](std::size_t off, std::size_t len) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      detail::mpi_check(MPI_Irecv(dst.ptr + dst_off + off, static_cast<int>(len), MPI_BYTE, peer, data_tag(c), comm_, &r),
-                        "mpi_transport::expect: MPI_Irecv");
-      in.reqs.push_back(r);
-    });
-    in.expect_end.push_back(in.reqs_base + in.reqs.size());
-    ++in.expects_posted;
-  }
-
-  /// Tells peer that this rank's puts to it on channel ch so far are on their way: peer's counter
-  /// for (this rank, ch) grows by one, and its wait covers those puts.
-  void signal(rank_t peer, channel ch) {
-    check_peer(peer, "signal");
-    const std::size_t c = check_channel(ch, "signal");
-    // The payload must outlive the send: a deque never moves its elements.
-    signal_payload_.push_back(puts_sent_[lane(peer, c)]);
-    MPI_Request r = MPI_REQUEST_NULL;
-    detail::mpi_check(MPI_Isend(&signal_payload_.back(), 1, MPI_UINT64_T, peer, signal_tag(c), comm_, &r),
-                      "mpi_transport::signal: MPI_Isend");
-    sends_.push_back(r);
-    send_peer_.push_back(peer);
-    outbound& o = outbound_[lane(peer, c)];
-    o.mark.push_back(o.reqs.size());
-    ++o.signals;
-  }
-
-  /// True once `count` signals from peer on channel ch have arrived (counted over the transport's
-  /// lifetime) and every expect those signals cover has received its bytes; false if that has not
-  /// happened within `timeout`. Throws fasta2a::error if peer has put more on ch than this rank has
-  /// expected (the two sides disagree on the traffic), or if a receive failed (for instance a put
-  /// longer than its expect).
-  bool wait(rank_t peer, channel ch, std::uint64_t count, std::chrono::milliseconds timeout) {
-    check_peer(peer, "wait");
-    const std::size_t c = check_channel(ch, "wait");
-    inbound& in = inbound_[lane(peer, c)];
-    return detail::poll_until([&] { return progress(in, peer, c, count); }, opt_.waiting, timeout);
-  }
-
-  /// One poll of wait(peer, ch, count): never blocks.
-  bool test(rank_t peer, channel ch, std::uint64_t count) {
-    check_peer(peer, "test");
-    const std::size_t c = check_channel(ch, "test");
-    return progress(inbound_[lane(peer, c)], peer, c, count);
-  }
-
-  /// True once every put this rank made to peer on channel ch before its count-th signal there has
-  /// left this rank (MPI_Test says its send completed: the source may be reused). Never blocks.
-  /// Throws fasta2a::error if this rank has not signalled peer count times on ch.
-  bool sent(rank_t peer, channel ch, std::uint64_t count) {
-    check_peer(peer, "sent");
-    const std::size_t c = check_channel(ch, "sent");
-    outbound& o = outbound_[lane(peer, c)];
-    if (count <= o.base) return true; // flushed
-    if (count > o.signals)
-      throw error("mpi_transport::sent: rank " + std::to_string(rank_) + " has signalled rank " + std::to_string(peer) +
-                  " " + std::to_string(o.signals) + " times on the " + to_string(ch) + " channel, not " +
-                  std::to_string(count));
-    const std::size_t need = o.mark[count - 1 - o.base];
-    while (o.done < need) {
-      int flag = 0;
-      detail::mpi_check(MPI_Test(&sends_[o.reqs[o.done]], &flag, MPI_STATUS_IGNORE), "mpi_transport::sent: MPI_Test");
-      if (!flag) return false;
-      ++o.done;
-    }
-    return true;
-  }
-
-  /// Returns once every put and signal this rank started has completed (its source may be reused).
-  /// Throws fasta2a::error naming a peer that has not taken its bytes within the flush timeout.
-  void flush() {
-    int rc = MPI_SUCCESS;
-    const bool done = detail::poll_until(
-        [&] {
-          int flag = 0;
-          rc = MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE);
-          return rc != MPI_SUCCESS || flag != 0;
-        },
-        opt_.waiting, opt_.flush_timeout);
-    detail::mpi_check(rc, "mpi_transport::flush: MPI_Testall");
-    if (!done) {
-      rank_t late = -1;
-      for (std::size_t i = 0; i < sends_.size() && late < 0; ++i) {
-        int flag = 0;
-        MPI_Test(&sends_[i], &flag, MPI_STATUS_IGNORE);
-        if (!flag) late = send_peer_[i];
-      }
-      throw error("mpi_transport::flush: rank " + std::to_string(rank_) + "'s sends to rank " +
-                  std::to_string(late) + " did not complete within " + std::to_string(opt_.flush_timeout.count()) +
-                  " ms (did it post the matching expects?)");
-    }
-    sends_.clear();
-    send_peer_.clear();
-    signal_payload_.clear();
-    for (outbound& o : outbound_) {
-      o.base = o.signals;
-      o.reqs.clear();
-      o.mark.clear();
-      o.done = 0;
-    }
+  /// A connection with channels [0, channels) on a new duplicate of the communicator: collective,
+  /// every rank makes its connections in the same order.
+  connection connect(channel_id channels) {
+    if (channels < 1) throw error("mpi_transport::connect: a connection needs at least one channel");
+    return connection(comm_, opt_, channels);
   }
 
 private:
-  /// What this rank knows of one (peer, channel): its posted receives and the signals seen.
-  /// Indices are absolute over the transport's lifetime; the vectors hold only what is not known
-  /// to be complete, from reqs_base and expects_base on.
-  struct inbound {
-    std::vector<MPI_Request> reqs;          ///< chunk receives, from absolute index reqs_base
-    std::vector<std::uint64_t> expect_end;  ///< per expect from expects_base: one past its last chunk
-    std::uint64_t reqs_base = 0;
-    std::uint64_t expects_base = 0;
-    std::uint64_t expects_posted = 0;
-    std::uint64_t chunks_done = 0; ///< chunks [0, chunks_done) have completed
-    std::uint64_t signals = 0;     ///< signals received
-    std::uint64_t covered = 0;     ///< puts the latest received signal vouches for
-  };
-
-  /// What this rank has sent to one (peer, channel) since the last flush, for sent().
-  struct outbound {
-    std::vector<std::size_t> reqs; ///< indices into sends_ of the put chunks, in order
-    std::vector<std::size_t> mark; ///< per signal since the flush: how many of reqs it covers
-    std::size_t done = 0;          ///< reqs[0, done) are known complete
-    std::uint64_t signals = 0;     ///< signals sent over the lifetime
-    std::uint64_t base = 0;        ///< signals sent before the last flush (all complete)
-  };
-
-  static int data_tag(std::size_t c) noexcept { return static_cast<int>(c); }
-  static int signal_tag(std::size_t c) noexcept { return static_cast<int>(channel_count + c); }
-  std::size_t lane(rank_t peer, std::size_t c) const noexcept {
-    return static_cast<std::size_t>(peer) * channel_count + c;
-  }
-
-  void check_peer(rank_t peer, const char* who) const {
-    if (peer < 0 || peer >= size_)
-      throw error(std::string("mpi_transport::") + who + ": peer " + std::to_string(peer) +
-                  " is not a rank of the communicator (size " + std::to_string(size_) + ")");
-  }
-  static std::size_t check_channel(channel ch, const char* who) {
-    const auto c = static_cast<std::size_t>(ch);
-    if (c >= channel_count)
-      throw error(std::string("mpi_transport::") + who + ": channel " + std::to_string(c) + " does not exist");
-    return c;
-  }
-  static void check_range(std::size_t off, std::size_t n, std::size_t size, const char* who, const char* side,
-                          rank_t peer) {
-    if (off > size || n > size - off)
-      throw error(std::string("mpi_transport::") + who + ": " + side + " bytes [" + std::to_string(off) + ", " +
-                  std::to_string(off) + " + " + std::to_string(n) + ") (peer " + std::to_string(peer) +
-                  ") fall outside the registered " + std::to_string(size) + " bytes");
-  }
-
-  /// One poll of wait(): takes the signals that have arrived (up to count), then tests the
-  /// receives they cover. True when both are done.
-  bool progress(inbound& in, rank_t peer, std::size_t c, std::uint64_t count) {
-    while (in.signals < count) {
-      int flag = 0;
-      MPI_Status st;
-      detail::mpi_check(MPI_Iprobe(peer, signal_tag(c), comm_, &flag, &st), "mpi_transport::wait: MPI_Iprobe");
-      if (!flag) break;
-      std::uint64_t covered = 0;
-      detail::mpi_check(MPI_Recv(&covered, 1, MPI_UINT64_T, peer, signal_tag(c), comm_, MPI_STATUS_IGNORE),
-                        "mpi_transport::wait: MPI_Recv of a signal");
-      ++in.signals;
-      in.covered = std::max(in.covered, covered);
-    }
-    if (in.covered > in.expects_posted)
-      throw error("mpi_transport::wait: rank " + std::to_string(peer) + " has put " + std::to_string(in.covered) +
-                  " messages on the " + to_string(static_cast<channel>(c)) + " channel to rank " +
-                  std::to_string(rank_) + ", which expects only " + std::to_string(in.expects_posted) +
-                  ": the ranks disagree on the traffic");
-    // Chunks the covered expects end at: everything before must have landed.
-    const std::uint64_t needed =
-        in.covered <= in.expects_base ? in.reqs_base : in.expect_end[in.covered - 1 - in.expects_base];
-    if (in.chunks_done < needed) {
-      int flag = 0;
-      const std::size_t from = in.chunks_done - in.reqs_base;
-      const int rc = MPI_Testall(static_cast<int>(needed - in.chunks_done), in.reqs.data() + from, &flag,
-                                 MPI_STATUSES_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        try {
-          detail::mpi_check(rc, "MPI_Testall");
-        } catch (const error& e) {
-          throw error("mpi_transport::wait: receiving from rank " + std::to_string(peer) + " on the " +
-                      to_string(static_cast<channel>(c)) + " channel: " + e.what() +
-                      " (a put longer than its expect?)");
-        }
-      }
-      if (!flag) return false;
-      in.chunks_done = needed;
-    }
-    // Everything posted has landed: drop it, so a long-lived transport does not grow.
-    if (in.chunks_done == in.reqs_base + in.reqs.size() && !in.reqs.empty()) {
-      in.reqs_base += in.reqs.size();
-      in.expects_base += in.expect_end.size();
-      in.reqs.clear();
-      in.expect_end.clear();
-    }
-    return in.signals >= count;
-  }
-
   mpi_transport_options opt_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<inbound> inbound_;          ///< per (peer, channel)
-  std::vector<outbound> outbound_;        ///< per (peer, channel)
-  std::vector<std::uint64_t> puts_sent_;  ///< per (peer, channel): puts made over the lifetime
-  std::vector<MPI_Request> sends_;        ///< puts and signals in flight, until flush
-  std::vector<rank_t> send_peer_;         ///< the peer of each, for flush's message
-  std::deque<std::uint64_t> signal_payload_;
 };
 
 static_assert(Transport<mpi_transport>);

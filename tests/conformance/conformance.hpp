@@ -1,0 +1,409 @@
+// The conformance suite every transport must pass, written once and instantiated per transport:
+//
+//   #include "conformance/conformance.hpp"
+//   TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, my_world, my_delayed_world);
+//
+// A World runs one function on every rank of a group (threads, processes) with a bootstrap and a
+// transport, and returns every rank's error text ("" where it succeeded), on every rank:
+//
+//   struct my_world {
+//     static constexpr const char* name;          // for messages
+//     using bootstrap = ...; using transport = ...;
+//     static rank_t ranks(rank_t preferred);      // the group size a case gets (MPI: the world size)
+//     static std::size_t chunk_limit();           // the transport's largest single message, or 0
+//     static std::chrono::microseconds max_delay(); // random pause before each operation (0: none)
+//     template <class F>                          // F(rank, bootstrap&, probed_transport<transport>&, probe&)
+//     static std::vector<std::string> run(rank_t n, F&& f, std::chrono::milliseconds timeout);
+//   };
+//
+// Every case checks real bytes: patterns written by the sender, canaries where nothing may land.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fasta2a/decompose.hpp>
+#include <fasta2a/engine.hpp>
+#include <fasta2a/fewer_stages.hpp>
+#include <fasta2a/pattern.hpp>
+#include <fasta2a/traffic.hpp>
+
+#include "conformance/wrappers.hpp"
+
+namespace fasta2a::testing {
+
+inline constexpr std::byte canary{0xEE};
+
+/// Every rank's error text must be empty.
+inline void require_all_ok(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+  }
+}
+
+/// The byte a sender writes at position i of block `tag` to `dst` (distinct per sender, receiver,
+/// tag and position, never the canary's pattern for long).
+inline std::byte block_byte(rank_t src, rank_t dst, std::uint64_t tag, std::size_t i) noexcept {
+  std::uint64_t x = (static_cast<std::uint64_t>(src) * 1000003u) ^ (static_cast<std::uint64_t>(dst) * 7919u) ^
+                    (tag * 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
+  x ^= x >> 29;
+  return static_cast<std::byte>(x * 0x94d049bb133111ebull >> 56);
+}
+
+/// Every rank's handle of `mem`, turned into remotes (index = rank; this rank's own too).
+template <class B, class T>
+std::vector<typename T::remote> exchange_handles(B& boot, T& tr, const typename T::memory& mem) {
+  const std::size_t hb = T::handle_bytes;
+  const rank_t n = boot.size();
+  std::vector<std::byte> mine = tr.serialize(mem), all(hb * static_cast<std::size_t>(n));
+  boot.allgather(mine, all);
+  std::vector<typename T::remote> out;
+  for (rank_t r = 0; r < n; ++r) out.push_back(tr.deserialize(r, std::span(all).subspan(hb * static_cast<std::size_t>(r), hb)));
+  return out;
+}
+
+/// Throws with `what` unless every byte of `got` is block `tag` from src to dst.
+inline void check_block(std::span<const std::byte> got, rank_t src, rank_t dst, std::uint64_t tag, const std::string& what) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != block_byte(src, dst, tag, i))
+      throw error(what + ": byte " + std::to_string(i) + " of " + std::to_string(got.size()) + " from rank " +
+                  std::to_string(src) + " is wrong");
+}
+inline void check_canary(std::span<const std::byte> got, const std::string& what) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != canary) throw error(what + ": byte " + std::to_string(i) + " was written");
+}
+inline void fill_block(std::span<std::byte> out, rank_t src, rank_t dst, std::uint64_t tag) {
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = block_byte(src, dst, tag, i);
+}
+
+/// One rank's view of a ring exchange: every rank puts `rounds` blocks to the next rank, one block
+/// (of size sizes(round)) and `per_round` signals per round, in slots of `slot` bytes; the next rank
+/// checks each round right after its wait. Returns nothing; throws on any wrong or missing byte.
+template <class B, class T, class Sizes>
+void ring_rounds(rank_t me, B& boot, T& tr, std::size_t rounds, std::size_t slot, Sizes&& sizes, channel_id channels,
+                 std::chrono::milliseconds timeout) {
+  const rank_t n = boot.size(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<std::byte> in(rounds * slot, canary), out(rounds * slot);
+  auto in_mem = tr.register_memory(in.data(), in.size());
+  auto out_mem = tr.register_memory(out.data(), out.size());
+  const auto remotes = exchange_handles(boot, tr, in_mem);
+  auto conn = tr.connect(channels);
+  for (std::size_t k = 0; k < rounds; ++k) {
+    const std::size_t len = sizes(k, prev), mine = sizes(k, me);
+    const channel_id ch = static_cast<channel_id>(k % channels);
+    conn.expect(prev, in_mem, k * slot, len, ch);
+    fill_block(std::span(out).subspan(k * slot, mine), me, next, k);
+    conn.put(next, out_mem, k * slot, remotes[static_cast<std::size_t>(next)], k * slot, mine, ch);
+    conn.signal(next, ch);
+  }
+  std::vector<std::uint64_t> count(channels, 0);
+  for (std::size_t k = 0; k < rounds; ++k) {
+    const channel_id ch = static_cast<channel_id>(k % channels);
+    if (!conn.wait(prev, ch, ++count[ch], timeout))
+      throw error("no signal " + std::to_string(count[ch]) + " on channel " + std::to_string(ch) + " from rank " + std::to_string(prev));
+    const std::size_t len = sizes(k, prev);
+    check_block(std::span(in).subspan(k * slot, len), prev, me, k, "round " + std::to_string(k));
+    check_canary(std::span(in).subspan(k * slot + len, slot - len), "past round " + std::to_string(k));
+  }
+  conn.flush();
+  boot.allgather({}, {}); // nobody frees its buffers while a peer may still write
+  tr.deregister(in_mem);
+  tr.deregister(out_mem);
+}
+
+// --- the engine through a world -----------------------------------------------------------------
+
+struct engine_layout {
+  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  std::size_t send_elems = 0, recv_elems = 0;
+};
+
+/// Rank r's counts and displacements (in elements) for traffic t; `gap` elements between messages
+/// make sure nothing is written where it should not be.
+inline engine_layout engine_layout_of(const traffic_matrix& t, rank_t r, std::size_t elem, std::uint64_t gap) {
+  const rank_t n = static_cast<rank_t>(t.rows());
+  engine_layout l;
+  for (rank_t j = 0; j < n; ++j) {
+    l.send_displs.push_back(l.send_elems);
+    l.send_counts.push_back(t(r, j) / elem);
+    l.send_elems += t(r, j) / elem + gap;
+    l.recv_displs.push_back(l.recv_elems);
+    l.recv_counts.push_back(t(j, r) / elem);
+    l.recv_elems += t(j, r) / elem + gap;
+  }
+  return l;
+}
+
+/// One all-to-allv of t by `eng` on rank r, every received byte and every gap checked.
+template <class Engine>
+void engine_call_checked(Engine& eng, const traffic_matrix& t, rank_t r, std::size_t elem) {
+  const rank_t n = static_cast<rank_t>(t.rows());
+  const engine_layout l = engine_layout_of(t, r, elem, 3);
+  std::vector<std::byte> send(l.send_elems * elem), recv(l.recv_elems * elem, canary);
+  for (rank_t j = 0; j < n; ++j) fill_pattern(std::span(send).subspan(l.send_displs[j] * elem, t(r, j)), r, j);
+  eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs, elem);
+  std::vector<char> written(recv.size(), 0);
+  for (rank_t i = 0; i < n; ++i)
+    for (std::uint64_t b = 0; b < t(i, r); ++b) {
+      const std::size_t at = l.recv_displs[i] * elem + b;
+      written[at] = 1;
+      if (recv[at] != pattern_byte(i, r, b))
+        throw error("rank " + std::to_string(r) + ": byte " + std::to_string(b) + " from rank " + std::to_string(i) + " is wrong");
+    }
+  for (std::size_t k = 0; k < recv.size(); ++k)
+    if (!written[k] && recv[k] != canary)
+      throw error("rank " + std::to_string(r) + ": byte " + std::to_string(k) + " outside every message was written");
+}
+
+/// A skewed matrix of one of four kinds (Zipf, hot-spot, log-normal, sparse with an idle sender
+/// and an idle receiver), entries multiples of elem.
+inline traffic_matrix skewed_traffic(rank_t n, std::mt19937_64& rng, bytes_t elem) {
+  switch (rng() % 4) {
+  case 0: return zipf_traffic(n, 1.2, elem * (1 + rng() % 2000), rng(), elem);
+  case 1: return hotspot_traffic(n, 1 + static_cast<rank_t>(rng() % static_cast<std::uint64_t>(n)), 0.8, elem * (1 + rng() % 2000), rng(), elem);
+  case 2: return lognormal_traffic(n, 1.0, elem * (1 + rng() % 2000), rng(), elem);
+  default: {
+    traffic_matrix t = zipf_traffic(n, 0.8, elem * 512, rng(), elem);
+    t.row(static_cast<rank_t>(rng() % static_cast<std::uint64_t>(n))).setZero();
+    t.col(static_cast<rank_t>(rng() % static_cast<std::uint64_t>(n))).setZero();
+    return t;
+  }
+  }
+}
+
+/// Server counts S with S x G = n for some G, in increasing order of S.
+inline std::vector<int> server_counts(rank_t n) {
+  std::vector<int> s;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) s.push_back(d);
+  return s;
+}
+
+} // namespace fasta2a::testing
+
+// ----------------------------------------------------------------------------------------------
+// The cases. W is the world; every case runs on every world.
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
+  using namespace fasta2a;
+  using namespace fasta2a::testing;
+  using ms = std::chrono::milliseconds;
+  const ms timeout(20000);
+  INFO("world: " << W::name);
+
+  SUBCASE("puts land before the signal that covers them, round after round") {
+    const rank_t n = W::ranks(4);
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      ring_rounds(me, boot, tr, 40, 3000, [](std::size_t k, rank_t r) { return 1 + (k * 977 + static_cast<std::size_t>(r) * 31) % 3000; }, 1, timeout);
+    }, timeout));
+  }
+
+  SUBCASE("zero-byte puts are delivered as nothing, between real ones") {
+    const rank_t n = W::ranks(3);
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      ring_rounds(me, boot, tr, 12, 64, [](std::size_t k, rank_t) { return k % 3 == 1 ? std::size_t{0} : k; }, 2, timeout);
+    }, timeout));
+  }
+
+  SUBCASE("puts larger than any internal chunk arrive whole") {
+    const rank_t n = W::ranks(2);
+    const std::size_t chunk = W::chunk_limit() ? W::chunk_limit() : std::size_t{1} << 20;
+    const std::size_t big = chunk * 7 / 2 + 13; // three and a half chunks and a ragged end
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      ring_rounds(me, boot, tr, 3, big, [&](std::size_t k, rank_t) { return big - k * 5; }, 1, timeout);
+    }, timeout));
+  }
+
+  SUBCASE("many signals: every one counted, none early") {
+    const rank_t n = W::ranks(4);
+    const std::size_t rounds = W::max_delay().count() > 0 ? 300 : 2000;
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      ring_rounds(me, boot, tr, rounds, 8, [](std::size_t k, rank_t) { return k % 9; }, 1, timeout);
+    }, timeout));
+  }
+
+  SUBCASE("channels interleaved: counts are per channel, waits in any channel order") {
+    const rank_t n = W::ranks(4);
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      const rank_t next = (me + 1) % n, prev = (me + n - 1) % n;
+      const channel_id C = 4;
+      const std::size_t rounds = 6, slot = 512;
+      std::vector<std::byte> in(C * rounds * slot, canary), out(C * rounds * slot);
+      auto in_mem = tr.register_memory(in.data(), in.size());
+      auto out_mem = tr.register_memory(out.data(), out.size());
+      const auto remotes = exchange_handles(boot, tr, in_mem);
+      auto conn = tr.connect(C);
+      std::mt19937_64 rng(static_cast<std::uint64_t>(me) * 17 + 3);
+      for (std::size_t k = 0; k < rounds; ++k) {
+        std::vector<channel_id> order(C);
+        std::iota(order.begin(), order.end(), 0u);
+        // Expects follow the sender's order per channel only, so the receiver's may differ.
+        std::shuffle(order.begin(), order.end(), rng);
+        for (channel_id c : order) conn.expect(prev, in_mem, (c * rounds + k) * slot, slot - c, c);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (channel_id c : order) {
+          fill_block(std::span(out).subspan((c * rounds + k) * slot, slot - c), me, next, c * 100 + k);
+          conn.put(next, out_mem, (c * rounds + k) * slot, remotes[static_cast<std::size_t>(next)], (c * rounds + k) * slot, slot - c, c);
+          conn.signal(next, c);
+        }
+      }
+      for (channel_id c = C; c-- > 0;) {
+        if (!conn.wait(prev, c, rounds, timeout)) throw error("channel " + std::to_string(c) + " never completed");
+        if (conn.test(prev, c, rounds + 1)) throw error("channel " + std::to_string(c) + ": a signal counted twice");
+        for (std::size_t k = 0; k < rounds; ++k)
+          check_block(std::span(in).subspan((c * rounds + k) * slot, slot - c), prev, me, c * 100 + k, "channel " + std::to_string(c));
+      }
+      conn.flush();
+      boot.allgather({}, {});
+    }, timeout));
+  }
+
+  SUBCASE("two connections on one transport count their signals apart") {
+    const rank_t n = W::ranks(2);
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      const rank_t next = (me + 1) % n, prev = (me + n - 1) % n;
+      std::vector<std::byte> in(256, canary), out(256);
+      auto in_mem = tr.register_memory(in.data(), in.size());
+      auto out_mem = tr.register_memory(out.data(), out.size());
+      const auto remotes = exchange_handles(boot, tr, in_mem);
+      auto a = tr.connect(1);
+      auto b = tr.connect(1);
+      a.expect(prev, in_mem, 0, 128, 0);
+      b.expect(prev, in_mem, 128, 128, 0);
+      fill_block(std::span(out).first(128), me, next, 1);
+      a.put(next, out_mem, 0, remotes[static_cast<std::size_t>(next)], 0, 128, 0);
+      a.signal(next, 0);
+      if (!a.wait(prev, 0, 1, timeout)) throw error("connection a: no signal");
+      check_block(std::span(in).first(128), prev, me, 1, "connection a");
+      // b has not been signalled: a's signal must not count there.
+      if (b.test(prev, 0, 1)) throw error("connection b saw connection a's signal");
+      boot.allgather({}, {});
+      fill_block(std::span(out).subspan(128, 128), me, next, 2);
+      b.put(next, out_mem, 128, remotes[static_cast<std::size_t>(next)], 128, 128, 0);
+      b.signal(next, 0);
+      if (!b.wait(prev, 0, 1, timeout)) throw error("connection b: no signal");
+      check_block(std::span(in).subspan(128, 128), prev, me, 2, "connection b");
+      if (a.test(prev, 0, 2)) throw error("connection a saw connection b's signal");
+      a.flush();
+      b.flush();
+      boot.allgather({}, {});
+    }, timeout));
+  }
+
+  SUBCASE("a peer that never signals: wait says so at the timeout, not before, and never hangs") {
+    const rank_t n = W::ranks(3);
+    const ms short_wait(300);
+    const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
+      const rank_t next = (me + 1) % n, prev = (me + n - 1) % n;
+      pr.mute = me == 0;
+      std::vector<std::byte> in(64, canary), out(64);
+      auto in_mem = tr.register_memory(in.data(), in.size());
+      auto out_mem = tr.register_memory(out.data(), out.size());
+      const auto remotes = exchange_handles(boot, tr, in_mem);
+      auto conn = tr.connect(1);
+      conn.expect(prev, in_mem, 0, 64, 0);
+      conn.put(next, out_mem, 0, remotes[static_cast<std::size_t>(next)], 0, 64, 0);
+      conn.signal(next, 0);
+      const auto t0 = std::chrono::steady_clock::now();
+      const bool got = conn.wait(prev, 0, 1, short_wait);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (prev == 0 && got) throw error("a signal arrived from the muted rank 0");
+      if (prev == 0 && (s < 0.29 || s > 3.0)) throw error("wait gave up after " + std::to_string(s) + " s, not at 0.3 s");
+      if (prev != 0 && !got) throw error("no signal from rank " + std::to_string(prev));
+      conn.flush();
+      boot.allgather({}, {});
+    }, timeout);
+    require_all_ok(errors);
+  }
+
+  SUBCASE("engine: a peer that never signals fails the call naming peer, channel and stage within the timeout") {
+    const rank_t n = W::ranks(4);
+    const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
+    engine_options opt;
+    opt.timeout = ms(400);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
+      using Tr = std::remove_cvref_t<decltype(tr)>;
+      pr.mute = me == 0;
+      engine<two_tier_topology, std::remove_cvref_t<decltype(boot)>, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
+      engine_call_checked(eng, uniform_traffic(n, 4096, 1), me, 1);
+    }, ms(5000));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(s < 10.0);
+    int named = 0;
+    for (const std::string& e : errors) {
+      const bool who = e.find("from rank 0") != std::string::npos, when = e.find("within 400 ms") != std::string::npos;
+      const bool what = e.find("signal") != std::string::npos;
+      named += who && when && what;
+    }
+    INFO("rank 1: " << errors[1 % errors.size()]);
+    CHECK(named >= 1);
+  }
+
+  SUBCASE("engine: byte-exact over skewed shapes, decomposers and element sizes") {
+    std::mt19937_64 rng(2026);
+    int cases = 0;
+    const rank_t fixed = W::ranks(0);
+    for (int iter = 0; iter < 24; ++iter) {
+      const int S = fixed ? server_counts(fixed)[static_cast<std::size_t>(iter) % server_counts(fixed).size()]
+                          : 1 + static_cast<int>(rng() % 4);
+      const int G = fixed ? fixed / S : 1 + static_cast<int>(rng() % 4);
+      const std::size_t elem = iter % 3 == 0 ? 4 : 1;
+      CAPTURE(S);
+      CAPTURE(G);
+      std::vector<traffic_matrix> calls;
+      for (int c = 0; c < 2; ++c) calls.push_back(skewed_traffic(S * G, rng, elem));
+      if (iter == 5) calls.push_back(traffic_matrix::Zero(S * G, S * G));
+      const int which = iter % 4;
+      engine_options opt;
+      opt.rail_window = 1 + static_cast<std::size_t>(iter % 5);
+      require_all_ok(W::run(S * G, [&](rank_t me, auto& boot, auto& tr, probe&) {
+        using Tr = std::remove_cvref_t<decltype(tr)>;
+        using Bt = std::remove_cvref_t<decltype(boot)>;
+        auto go = [&](auto dec) {
+          engine<two_tier_topology, Bt, Tr, Tr, decltype(dec)> eng(two_tier_topology(S, G), boot, tr, tr, opt, dec);
+          for (const traffic_matrix& t : calls) engine_call_checked(eng, t, me, elem);
+        };
+        if (which == 0) go(birkhoff_decomposer{});
+        else if (which == 1) go(bottleneck_decomposer{});
+        else if (which == 2) go(spread_out_decomposer{});
+        else go(direct_decomposer{});
+      }, timeout));
+      ++cases;
+    }
+    CHECK(cases == 24);
+  }
+
+  SUBCASE("engine: two engines on the same transports, calls interleaved, byte-exact") {
+    const rank_t n = W::ranks(4);
+    const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
+    std::mt19937_64 rng(99);
+    std::vector<traffic_matrix> calls;
+    std::vector<int> who;
+    for (int c = 0; c < 10; ++c) {
+      calls.push_back(skewed_traffic(n, rng, 1));
+      who.push_back(static_cast<int>(rng() % 2)); // the same order on every rank
+    }
+    require_all_ok(W::run(n, [&](rank_t me, auto& boot, auto& tr, probe&) {
+      using Tr = std::remove_cvref_t<decltype(tr)>;
+      using Bt = std::remove_cvref_t<decltype(boot)>;
+      engine<two_tier_topology, Bt, Tr, Tr> dispatch(two_tier_topology(S, G), boot, tr, tr);
+      engine<two_tier_topology, Bt, Tr, Tr, spread_out_decomposer> combine(two_tier_topology(S, G), boot, tr, tr);
+      for (std::size_t c = 0; c < calls.size(); ++c) {
+        if (who[c] == 0) engine_call_checked(dispatch, calls[c], me, 1);
+        else engine_call_checked(combine, calls[c], me, 1);
+      }
+    }, timeout));
+  }
+}
