@@ -60,12 +60,12 @@ struct ring {
 
 /// Exchanges handles as the engine does: every rank's serialized handle through the bootstrap.
 template <class Boot>
-fa::mpi_transport::remote remote_of(Boot& boot, fa::mpi_transport& t, const fa::mpi_transport::memory& mine,
+fa::mpi_transport::remote remote_of(Boot& boot, fa::mpi_transport& tr, const fa::mpi_transport::memory& mine,
                                     int peer) {
-  const std::vector<std::byte> h = t.serialize(mine);
+  const std::vector<std::byte> h = tr.serialize(mine);
   std::vector<std::byte> all(h.size() * static_cast<std::size_t>(boot.size()));
   boot.allgather(h, all);
-  return t.deserialize(peer, std::span<const std::byte>(all).subspan(static_cast<std::size_t>(peer) * h.size(), h.size()));
+  return tr.deserialize(peer, std::span<const std::byte>(all).subspan(static_cast<std::size_t>(peer) * h.size(), h.size()));
 }
 
 /// One transport per rank with equal send and receive buffers of `bytes`, the send buffer holding
@@ -74,17 +74,18 @@ fa::mpi_transport::remote remote_of(Boot& boot, fa::mpi_transport& t, const fa::
 struct ring_link {
   ring g;
   fa::mpi_bootstrap boot{MPI_COMM_WORLD};
-  fa::mpi_transport t;
+  fa::mpi_transport tr;
+  fa::mpi_transport::connection t; ///< the connection the tests move bytes on
   std::vector<std::byte> send, recv;
   fa::mpi_transport::memory src, dst;
   fa::mpi_transport::remote rem;
 
   explicit ring_link(std::size_t bytes, fa::mpi_transport_options opt = {})
-      : t(MPI_COMM_WORLD, opt), send(bytes), recv(bytes) {
+      : tr(MPI_COMM_WORLD, opt), t(tr.connect(4)), send(bytes), recv(bytes) {
     for (std::size_t i = 0; i < send.size(); ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-    src = t.register_memory(send.data(), send.size());
-    dst = t.register_memory(recv.data(), recv.size());
-    rem = remote_of(boot, t, dst, g.right);
+    src = tr.register_memory(send.data(), send.size());
+    dst = tr.register_memory(recv.data(), recv.size());
+    rem = remote_of(boot, tr, dst, g.right);
   }
 };
 
@@ -186,18 +187,19 @@ TEST_CASE("mpi_world_topology makes servers of consecutive ranks") {
 
 TEST_CASE("mpi_transport.handles are 16 bytes and checked on the way in") {
   static_assert(fa::Transport<fa::mpi_transport>);
-  fa::mpi_transport t(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+  auto t = tr.connect(4);
   std::vector<std::byte> buf(100);
-  const auto mem = t.register_memory(buf.data(), buf.size());
-  const std::vector<std::byte> h = t.serialize(mem);
+  const auto mem = tr.register_memory(buf.data(), buf.size());
+  const std::vector<std::byte> h = tr.serialize(mem);
   CHECK(h.size() == fa::mpi_transport::handle_bytes);
-  const auto rem = t.deserialize(world_rank(), h);
+  const auto rem = tr.deserialize(world_rank(), h);
   CHECK(rem.rank == world_rank());
   CHECK(rem.size == 100);
-  CHECK(contains(error_of([&] { t.deserialize(0, std::span<const std::byte>(h).first(15)); }), "15 bytes, expected 16"));
-  CHECK(contains(error_of([&] { t.deserialize(world_size(), h); }), "not a rank"));
-  CHECK(contains(error_of([&] { t.register_memory(nullptr, 8); }), "null pointer"));
-  CHECK_NOTHROW(t.register_memory(nullptr, 0));
+  CHECK(contains(error_of([&] { tr.deserialize(0, std::span<const std::byte>(h).first(15)); }), "15 bytes, expected 16"));
+  CHECK(contains(error_of([&] { tr.deserialize(world_size(), h); }), "not a rank"));
+  CHECK(contains(error_of([&] { tr.register_memory(nullptr, 8); }), "null pointer"));
+  CHECK_NOTHROW(tr.register_memory(nullptr, 0));
   CHECK(contains(error_of([] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
                  "max_message_bytes"));
 }
@@ -210,26 +212,27 @@ TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, ze
   for (std::size_t max_message : {fa::detail::mpi_int_max, std::size_t{4096}, std::size_t{999}}) {
     CAPTURE(max_message);
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-    fa::mpi_transport t(MPI_COMM_WORLD, {.max_message_bytes = max_message});
+    fa::mpi_transport tr(MPI_COMM_WORLD, {.max_message_bytes = max_message});
+    auto t = tr.connect(4);
     std::vector<std::byte> send(total), recv(total + 2 * sizes.size() + 8, std::byte{0x5a});
     for (std::size_t i = 0; i < total; ++i) send[i] = fa::pattern_byte(g.me, g.right, i);
-    const auto src = t.register_memory(send.data(), send.size());
-    const auto dst = t.register_memory(recv.data(), recv.size());
-    const auto rem = remote_of(boot, t, dst, g.right);
+    const auto src = tr.register_memory(send.data(), send.size());
+    const auto dst = tr.register_memory(recv.data(), recv.size());
+    const auto rem = remote_of(boot, tr, dst, g.right);
 
     // Receive message k at its offset plus a two-byte gap per message: the gaps must stay untouched.
     std::size_t in = 0;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      t.expect(g.left, dst, in + 2 * k, sizes[k], fa::channel::rail);
+      t.expect(g.left, dst, in + 2 * k, sizes[k], fa::channel_id{2});
       in += sizes[k];
     }
     std::size_t out = 0;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      t.put(g.right, src, out, rem, out + 2 * k, sizes[k], fa::channel::rail);
+      t.put(g.right, src, out, rem, out + 2 * k, sizes[k], fa::channel_id{2});
       out += sizes[k];
     }
-    t.signal(g.right, fa::channel::rail);
-    REQUIRE(t.wait(g.left, fa::channel::rail, 1, 20s));
+    t.signal(g.right, fa::channel_id{2});
+    REQUIRE(t.wait(g.left, fa::channel_id{2}, 1, 20s));
     t.flush();
 
     bool bytes_ok = true, gaps_ok = true;
@@ -249,23 +252,23 @@ TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, ze
 TEST_CASE("mpi_transport.channels are matched separately, whatever order the receiver goes in") {
   constexpr std::size_t per = 5000; // each channel's two puts: per and per / 2 bytes
   ring_link link(8 * per);
-  auto& [g, boot, t, send, recv, src, dst, rem] = link;
-  const fa::channel order[] = {fa::channel::copy, fa::channel::balance, fa::channel::rail, fa::channel::redistribute};
-  const auto base = [](fa::channel c) { return 2 * per * static_cast<std::size_t>(c); };
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
+  const fa::channel_id order[] = {fa::channel_id{0}, fa::channel_id{1}, fa::channel_id{2}, fa::channel_id{3}};
+  const auto base = [](fa::channel_id c) { return 2 * per * static_cast<std::size_t>(c); };
 
   // Receiver: channels in reverse order. Sender: interleaved across channels, signals at the end.
   for (int k = 3; k >= 0; --k) {
     t.expect(g.left, dst, base(order[k]), per, order[k]);
     t.expect(g.left, dst, base(order[k]) + per, per / 2, order[k]);
   }
-  for (fa::channel c : order) t.put(g.right, src, base(c), rem, base(c), per, c);
-  for (fa::channel c : order) t.put(g.right, src, base(c) + per, rem, base(c) + per, per / 2, c);
-  for (fa::channel c : {fa::channel::rail, fa::channel::copy, fa::channel::redistribute, fa::channel::balance})
+  for (fa::channel_id c : order) t.put(g.right, src, base(c), rem, base(c), per, c);
+  for (fa::channel_id c : order) t.put(g.right, src, base(c) + per, rem, base(c) + per, per / 2, c);
+  for (fa::channel_id c : {fa::channel_id{2}, fa::channel_id{0}, fa::channel_id{3}, fa::channel_id{1}})
     t.signal(g.right, c);
   for (int k = 3; k >= 0; --k) CHECK(t.wait(g.left, order[k], 1, 20s));
   t.flush();
   bool ok = true;
-  for (fa::channel c : order)
+  for (fa::channel_id c : order)
     for (std::size_t i = 0; i < per + per / 2; ++i) ok = ok && recv[base(c) + i] == fa::pattern_byte(g.left, g.me, base(c) + i);
   CHECK(ok);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -275,20 +278,20 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
   // All expects are posted up front, as the engine does; the second put happens only after the
   // receiver has seen the first signal, so a wait that needed every expect would never return.
   ring_link link(20000);
-  auto& [g, boot, t, send, recv, src, dst, rem] = link;
-  t.expect(g.left, dst, 0, 10000, fa::channel::rail);
-  t.expect(g.left, dst, 10000, 10000, fa::channel::rail);
-  t.put(g.right, src, 0, rem, 0, 10000, fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
-  REQUIRE(t.wait(g.left, fa::channel::rail, 1, 20s));
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
+  t.expect(g.left, dst, 0, 10000, fa::channel_id{2});
+  t.expect(g.left, dst, 10000, 10000, fa::channel_id{2});
+  t.put(g.right, src, 0, rem, 0, 10000, fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
+  REQUIRE(t.wait(g.left, fa::channel_id{2}, 1, 20s));
   bool first = true;
   for (std::size_t i = 0; i < 10000; ++i) first = first && recv[i] == fa::pattern_byte(g.left, g.me, i);
   CHECK(first);
-  t.signal(g.left, fa::channel::copy); // "go on" to the rank that sent it
-  REQUIRE(t.wait(g.right, fa::channel::copy, 1, 20s));
-  t.put(g.right, src, 10000, rem, 10000, 10000, fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
-  REQUIRE(t.wait(g.left, fa::channel::rail, 2, 20s)); // counts are cumulative
+  t.signal(g.left, fa::channel_id{0}); // "go on" to the rank that sent it
+  REQUIRE(t.wait(g.right, fa::channel_id{0}, 1, 20s));
+  t.put(g.right, src, 10000, rem, 10000, 10000, fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
+  REQUIRE(t.wait(g.left, fa::channel_id{2}, 2, 20s)); // counts are cumulative
   t.flush();
   bool second = true;
   for (std::size_t i = 10000; i < 20000; ++i) second = second && recv[i] == fa::pattern_byte(g.left, g.me, i);
@@ -299,47 +302,48 @@ TEST_CASE("mpi_transport.a signal covers the puts before it, not expects of late
 TEST_CASE("mpi_transport.sent says when a signal's puts have left; test polls wait once") {
   constexpr std::size_t big = 1 << 20, small = 100; // past every eager limit, and under them
   ring_link link(big + small);
-  auto& [g, boot, t, send, recv, src, dst, rem] = link;
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
 
-  t.expect(g.left, dst, 0, big, fa::channel::rail);
-  t.expect(g.left, dst, big, small, fa::channel::rail);
-  CHECK(t.sent(g.right, fa::channel::rail, 0)); // nothing signalled: nothing to wait for
-  t.put(g.right, src, 0, rem, 0, big, fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
-  t.put(g.right, src, big, rem, big, small, fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
-  CHECK(contains(error_of([&] { t.sent(g.right, fa::channel::rail, 3); }), "2 times"));
-  CHECK(contains(error_of([&] { t.sent(world_size(), fa::channel::rail, 1); }), "not a rank"));
+  t.expect(g.left, dst, 0, big, fa::channel_id{2});
+  t.expect(g.left, dst, big, small, fa::channel_id{2});
+  CHECK(t.sent(g.right, fa::channel_id{2}, 0)); // nothing signalled: nothing to wait for
+  t.put(g.right, src, 0, rem, 0, big, fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
+  t.put(g.right, src, big, rem, big, small, fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
+  CHECK(contains(error_of([&] { t.sent(g.right, fa::channel_id{2}, 3); }), "2 times"));
+  CHECK(contains(error_of([&] { t.sent(world_size(), fa::channel_id{2}, 1); }), "not a rank"));
   // Polling test() until it holds is wait(): the bytes it vouches for have landed.
   const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!t.test(g.left, fa::channel::rail, 2) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  REQUIRE(t.test(g.left, fa::channel::rail, 2));
+  while (!t.test(g.left, fa::channel_id{2}, 2) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(t.test(g.left, fa::channel_id{2}, 2));
   CHECK(fa::pattern_mismatches(std::span<const std::byte>(recv), g.left, g.me) == 0);
   // Once the peer has everything, both of this rank's sends complete; sent() sees it by polling.
-  while (!t.sent(g.right, fa::channel::rail, 2) && std::chrono::steady_clock::now() < deadline) {
+  while (!t.sent(g.right, fa::channel_id{2}, 2) && std::chrono::steady_clock::now() < deadline) {
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE); // progress
     std::this_thread::yield();
   }
-  CHECK(t.sent(g.right, fa::channel::rail, 1));
-  CHECK(t.sent(g.right, fa::channel::rail, 2));
+  CHECK(t.sent(g.right, fa::channel_id{2}, 1));
+  CHECK(t.sent(g.right, fa::channel_id{2}, 2));
   t.flush();
-  CHECK(t.sent(g.right, fa::channel::rail, 2)); // flushed counts stay sent
-  CHECK_FALSE(t.test(g.left, fa::channel::rail, 3));
+  CHECK(t.sent(g.right, fa::channel_id{2}, 2)); // flushed counts stay sent
+  CHECK_FALSE(t.test(g.left, fa::channel_id{2}, 3));
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("mpi_transport.zero-byte puts pair with zero-byte expects") {
   const ring g;
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport t(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+  auto t = tr.connect(4);
   std::vector<std::byte> buf(16, std::byte{1});
-  const auto mem = t.register_memory(buf.data(), buf.size());
-  const auto rem = remote_of(boot, t, mem, g.right);
-  for (int k = 0; k < 3; ++k) t.expect(g.left, mem, 16, 0, fa::channel::balance); // at the very end: still in bounds
-  for (int k = 0; k < 3; ++k) t.put(g.right, mem, 0, rem, 16, 0, fa::channel::balance);
-  t.signal(g.right, fa::channel::balance);
-  CHECK(t.wait(g.left, fa::channel::balance, 1, 20s));
+  const auto mem = tr.register_memory(buf.data(), buf.size());
+  const auto rem = remote_of(boot, tr, mem, g.right);
+  for (int k = 0; k < 3; ++k) t.expect(g.left, mem, 16, 0, fa::channel_id{1}); // at the very end: still in bounds
+  for (int k = 0; k < 3; ++k) t.put(g.right, mem, 0, rem, 16, 0, fa::channel_id{1});
+  t.signal(g.right, fa::channel_id{1});
+  CHECK(t.wait(g.left, fa::channel_id{1}, 1, 20s));
   t.flush();
   CHECK(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{1}; }));
   MPI_Barrier(MPI_COMM_WORLD);
@@ -347,9 +351,10 @@ TEST_CASE("mpi_transport.zero-byte puts pair with zero-byte expects") {
 
 TEST_CASE("mpi_transport.wait returns false at its timeout when the peer never signals") {
   const ring g;
-  fa::mpi_transport t(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+  auto t = tr.connect(4);
   const auto start = std::chrono::steady_clock::now();
-  const bool got = t.wait(g.left, fa::channel::redistribute, 1, 300ms);
+  const bool got = t.wait(g.left, fa::channel_id{3}, 1, 300ms);
   const auto took = std::chrono::steady_clock::now() - start;
   CHECK_FALSE(got);
   CHECK(took >= 300ms);
@@ -358,25 +363,26 @@ TEST_CASE("mpi_transport.wait returns false at its timeout when the peer never s
 }
 
 TEST_CASE("mpi_transport.out-of-bounds ranges, bad peers and bad channels are errors naming them") {
-  fa::mpi_transport t(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+  auto t = tr.connect(4);
   std::vector<std::byte> buf(100);
-  const auto mem = t.register_memory(buf.data(), buf.size());
+  const auto mem = tr.register_memory(buf.data(), buf.size());
   const fa::mpi_transport::remote rem{0, 50};
-  const std::string e1 = error_of([&] { t.expect(0, mem, 90, 11, fa::channel::rail); });
+  const std::string e1 = error_of([&] { t.expect(0, mem, 90, 11, fa::channel_id{2}); });
   CHECK(contains(e1, "[90, 90 + 11)"));
   CHECK(contains(e1, "100 bytes"));
-  const std::string e2 = error_of([&] { t.put(0, mem, 0, rem, 40, 11, fa::channel::rail); });
+  const std::string e2 = error_of([&] { t.put(0, mem, 0, rem, 40, 11, fa::channel_id{2}); });
   CHECK(contains(e2, "destination bytes [40, 40 + 11)"));
   CHECK(contains(e2, "50 bytes"));
-  CHECK(contains(error_of([&] { t.put(0, mem, 95, rem, 0, 6, fa::channel::rail); }), "source bytes [95, 95 + 6)"));
-  CHECK(contains(error_of([&] { t.put(0, mem, 200, rem, 0, 0, fa::channel::rail); }), "source bytes [200"));
-  CHECK(contains(error_of([&] { t.expect(0, mem, ~std::size_t{0}, 2, fa::channel::rail); }), "outside"));
-  CHECK(contains(error_of([&] { t.signal(-1, fa::channel::rail); }), "peer -1 is not a rank"));
-  CHECK(contains(error_of([&] { (void)t.wait(world_size(), fa::channel::rail, 1, 1ms); }), "not a rank"));
-  CHECK(contains(error_of([&] { t.signal(0, static_cast<fa::channel>(7)); }), "channel 7"));
+  CHECK(contains(error_of([&] { t.put(0, mem, 95, rem, 0, 6, fa::channel_id{2}); }), "source bytes [95, 95 + 6)"));
+  CHECK(contains(error_of([&] { t.put(0, mem, 200, rem, 0, 0, fa::channel_id{2}); }), "source bytes [200"));
+  CHECK(contains(error_of([&] { t.expect(0, mem, ~std::size_t{0}, 2, fa::channel_id{2}); }), "outside"));
+  CHECK(contains(error_of([&] { t.signal(-1, fa::channel_id{2}); }), "peer -1 is not a rank"));
+  CHECK(contains(error_of([&] { (void)t.wait(world_size(), fa::channel_id{2}, 1, 1ms); }), "not a rank"));
+  CHECK(contains(error_of([&] { t.signal(0, fa::channel_id{7}); }), "channel 7"));
   if (world_size() > 1) {
     const fa::mpi_transport::remote other{1, 100};
-    CHECK(contains(error_of([&] { t.put(0, mem, 0, other, 0, 1, fa::channel::rail); }), "belongs to rank 1"));
+    CHECK(contains(error_of([&] { t.put(0, mem, 0, other, 0, 1, fa::channel_id{2}); }), "belongs to rank 1"));
   }
   t.flush(); // nothing was started
   MPI_Barrier(MPI_COMM_WORLD);
@@ -384,17 +390,17 @@ TEST_CASE("mpi_transport.out-of-bounds ranges, bad peers and bad channels are er
 
 TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at wait, not a hang") {
   ring_link link(64);
-  auto& [g, boot, t, send, recv, src, dst, rem] = link;
-  t.expect(g.left, dst, 0, 32, fa::channel::rail);
-  t.put(g.right, src, 0, rem, 0, 32, fa::channel::rail);
-  t.put(g.right, src, 32, rem, 32, 32, fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
-  const std::string msg = error_of([&] { (void)t.wait(g.left, fa::channel::rail, 1, 20s); });
-  CHECK(contains(msg, "has put 2 messages on the rail channel"));
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
+  t.expect(g.left, dst, 0, 32, fa::channel_id{2});
+  t.put(g.right, src, 0, rem, 0, 32, fa::channel_id{2});
+  t.put(g.right, src, 32, rem, 32, 32, fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
+  const std::string msg = error_of([&] { (void)t.wait(g.left, fa::channel_id{2}, 1, 20s); });
+  CHECK(contains(msg, "has put 2 messages on channel 2"));
   CHECK(contains(msg, "expects only 1"));
   // Posting the missing expect repairs it.
-  t.expect(g.left, dst, 32, 32, fa::channel::rail);
-  CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
+  t.expect(g.left, dst, 32, 32, fa::channel_id{2});
+  CHECK(t.wait(g.left, fa::channel_id{2}, 1, 20s));
   t.flush();
   bool ok = true;
   for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == fa::pattern_byte(g.left, g.me, i);
@@ -404,16 +410,16 @@ TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at 
 
 TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time") {
   ring_link link(1 << 20, {.flush_timeout = 300ms});
-  auto& [g, boot, t, send, recv, src, dst, rem] = link;
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
   // 1 MiB is past every eager limit: the send cannot complete before the receive is posted.
-  t.put(g.right, src, 0, rem, 0, send.size(), fa::channel::rail);
-  t.signal(g.right, fa::channel::rail);
+  t.put(g.right, src, 0, rem, 0, send.size(), fa::channel_id{2});
+  t.signal(g.right, fa::channel_id{2});
   const std::string msg = error_of([&] { t.flush(); });
   CHECK(contains(msg, "sends to rank " + std::to_string(g.right)));
   CHECK(contains(msg, "within 300 ms"));
   MPI_Barrier(MPI_COMM_WORLD);
-  t.expect(g.left, dst, 0, recv.size(), fa::channel::rail);
-  CHECK(t.wait(g.left, fa::channel::rail, 1, 20s));
+  t.expect(g.left, dst, 0, recv.size(), fa::channel_id{2});
+  CHECK(t.wait(g.left, fa::channel_id{2}, 1, 20s));
   CHECK_NOTHROW(t.flush());
   bool ok = true;
   for (std::size_t i = 0; i < recv.size(); ++i) ok = ok && recv[i] == fa::pattern_byte(g.left, g.me, i);
