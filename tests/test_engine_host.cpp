@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -288,4 +289,176 @@ TEST_CASE("engine.host.staging_is_allocated_once_and_reused") {
     });
   for (auto& th : threads) th.join();
   CHECK(first == later); // smaller calls reuse the buffer the first call grew
+}
+
+namespace {
+
+/// Resident memory of this process, in bytes (Linux /proc/self/statm).
+std::size_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * 4096ul : 0;
+}
+
+/// Send and receive buffers of one call, filled and checkable.
+struct buffer_set {
+  layout l;
+  std::vector<std::byte> send, recv;
+  buffer_set(const traffic_matrix& t, rank_t r) : l(layout_of(t, r, 1, 0)), send(l.send_elems), recv(l.recv_elems) {
+    for (rank_t j = 0; j < static_cast<rank_t>(t.rows()); ++j)
+      fill_pattern(std::span(send).subspan(l.send_displs[j], t(r, j)), r, j);
+  }
+  bool received(const traffic_matrix& t, rank_t r) const {
+    for (rank_t i = 0; i < static_cast<rank_t>(t.rows()); ++i)
+      for (std::uint64_t b = 0; b < t(i, r); ++b)
+        if (recv[l.recv_displs[i] + b] != pattern_byte(i, r, b)) return false;
+    return true;
+  }
+};
+
+using counted_engine = engine<two_tier_topology, testing::counting_bootstrap<host_bootstrap>,
+                              testing::probed_transport<host_transport>, testing::probed_transport<host_transport>>;
+
+/// Runs body(rank, engine, counting bootstrap, probe) on every rank of a 2 x 4 host fabric.
+template <class Body>
+std::vector<std::string> on_counted_ranks(const two_tier_topology& topo, engine_options opt, Body&& body) {
+  const rank_t n = topo.ranks();
+  host_fabric fabric(n, std::chrono::milliseconds(20000));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap base_boot(fabric, r);
+        testing::counting_bootstrap<host_bootstrap> boot(base_boot);
+        host_transport base(fabric, r);
+        testing::probe pr;
+        testing::probed_transport<host_transport> tr(base, pr);
+        counted_engine eng(topo, boot, tr, tr, opt);
+        body(r, eng, boot, pr);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  return errors;
+}
+
+} // namespace
+
+TEST_CASE("engine.host.unchanged_buffers_cost_one_exchange_and_no_registration_per_call") {
+  const two_tier_topology topo(2, 4);
+  const traffic_matrix big = zipf_traffic(8, 1.0, 1 << 14, 3), small = zipf_traffic(8, 1.2, 1 << 10, 4);
+  const auto errors = on_counted_ranks(topo, {}, [&](rank_t r, counted_engine& eng, auto& boot, testing::probe& pr) {
+    buffer_set b(big, r);
+    auto call = [&](const traffic_matrix& t) { eng.alltoallv(b.send, b.l.send_counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs); (void)t; };
+    call(big); // first call: registers send and receive (and staging), exchanges handles
+    if (eng.last_stats().exchanges != 2) throw error("first call: " + std::to_string(eng.last_stats().exchanges) + " exchanges");
+    if (!b.received(big, r)) throw error("first call: wrong bytes");
+    for (int k = 0; k < 20; ++k) {
+      const long ex = boot.exchanges, reg = pr.registrations;
+      call(big);
+      if (boot.exchanges - ex != 1) throw error("call " + std::to_string(k) + ": " + std::to_string(boot.exchanges - ex) + " exchanges");
+      if (pr.registrations != reg) throw error("call " + std::to_string(k) + ": registered again");
+      if (eng.last_stats().exchanges != 1 || eng.last_stats().registrations != 0) throw error("stats disagree with the counts");
+      if (!b.received(big, r)) throw error("wrong bytes in call " + std::to_string(k));
+    }
+    // Fewer bytes in the same buffers: staging is big enough, nothing new to exchange.
+    buffer_set s(small, r);
+    std::copy(s.send.begin(), s.send.end(), b.send.begin());
+    const long ex = boot.exchanges;
+    eng.alltoallv(std::span(b.send).first(s.send.size()), s.l.send_counts, s.l.send_displs, std::span(b.recv).first(s.recv.size()),
+                  s.l.recv_counts, s.l.recv_displs);
+    if (boot.exchanges - ex != 1) throw error("a sub-span of registered buffers cost " + std::to_string(boot.exchanges - ex) + " exchanges");
+    std::copy_n(b.recv.begin(), s.recv.size(), s.recv.begin());
+    if (!s.received(small, r)) throw error("wrong bytes in the smaller call");
+  });
+  for (rank_t r = 0; r < 8; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].empty());
+  }
+}
+
+TEST_CASE("engine.host.ten_thousand_calls_over_three_buffer_sets_keep_registrations_bounded_and_memory_flat") {
+  const two_tier_topology topo(2, 2);
+  const traffic_matrix t = zipf_traffic(4, 1.0, 4096, 8);
+  for (std::size_t cache : {std::size_t{8}, std::size_t{2}}) {
+    CAPTURE(cache);
+    engine_options opt;
+    opt.registration_cache = cache;
+    std::atomic<std::size_t> rss_early{0}, rss_late{0};
+    std::vector<long> regs(4), deregs(4), exchanges(4);
+    const auto errors = on_counted_ranks(topo, opt, [&](rank_t r, counted_engine& eng, auto& boot, testing::probe& pr) {
+      std::vector<buffer_set> sets;
+      for (int k = 0; k < 3; ++k) sets.emplace_back(t, r);
+      for (int call = 0; call < 10000; ++call) {
+        buffer_set& b = sets[static_cast<std::size_t>(call % 3)];
+        std::fill(b.recv.begin(), b.recv.end(), std::byte{0});
+        eng.alltoallv(b.send, b.l.send_counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs);
+        if (call % 997 == 0 && !b.received(t, r)) throw error("wrong bytes in call " + std::to_string(call));
+        if (eng.registered_buffers() > cache) throw error("more registrations than the cache holds");
+        if (r == 0 && call == 300) rss_early = resident_bytes();
+      }
+      if (r == 0) rss_late = resident_bytes();
+      regs[r] = pr.registrations;
+      deregs[r] = pr.deregistrations;
+      exchanges[r] = boot.exchanges;
+    });
+    for (rank_t r = 0; r < 4; ++r) {
+      INFO(errors[r]);
+      CHECK(errors[r].empty());
+    }
+    const double grown = static_cast<double>(rss_late.load()) - static_cast<double>(rss_early.load());
+    MESSAGE("cache " << cache << ": rank 0 made " << regs[0] << " registrations and " << deregs[0] << " deregistrations and "
+                     << exchanges[0] << " exchanges in 10000 calls; resident memory " << rss_early.load() / 1024 << " KiB after 300 calls, "
+                     << rss_late.load() / 1024 << " KiB after 10000");
+    CHECK(grown < 1024.0 * 1024.0); // flat: less than 1 MiB over 9,700 calls
+    if (cache >= 6) {
+      // Three sets of two buffers fit: registered once each (plus staging), exchanged once each.
+      CHECK(regs[0] <= 3 * 2 * 2 + 2); // each buffer with both transports (here one wrapper twice), plus staging
+      CHECK(exchanges[0] <= 10000 + 3);
+    } else {
+      // Two cached buffers for three sets: every call registers, and deregisters as many.
+      CHECK(regs[0] - deregs[0] <= static_cast<long>(cache) * 2 + 2);
+    }
+  }
+}
+
+TEST_CASE("engine.host.a_window_serves_calls_anywhere_inside_it_without_registering_again") {
+  const two_tier_topology topo(2, 4);
+  std::mt19937_64 rng(77);
+  std::vector<traffic_matrix> calls;
+  for (int k = 0; k < 6; ++k) calls.push_back(zipf_traffic(8, 1.0, 1 + rng() % 3000, rng()));
+  const auto errors = on_counted_ranks(topo, {}, [&](rank_t r, counted_engine& eng, auto& boot, testing::probe& pr) {
+    std::vector<std::byte> pool(1 << 20, std::byte{0xEE});
+    auto w = eng.register_window(pool);
+    const long regs = pr.registrations;
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      buffer_set b(calls[k], r);
+      // Send from the front of the pool, receive at an offset that changes every call.
+      const std::size_t at = 4096 + 777 * k;
+      std::copy(b.send.begin(), b.send.end(), pool.begin());
+      const long ex = boot.exchanges;
+      eng.alltoallv(std::span(pool).first(b.send.size()), b.l.send_counts, b.l.send_displs, std::span(pool).subspan(at, b.recv.size()),
+                    b.l.recv_counts, b.l.recv_displs);
+      std::copy_n(pool.begin() + static_cast<std::ptrdiff_t>(at), b.recv.size(), b.recv.begin());
+      if (!b.received(calls[k], r)) throw error("wrong bytes in call " + std::to_string(k));
+      if (k > 0 && boot.exchanges - ex != 1 && eng.last_stats().exchanges != 2)
+        throw error("call " + std::to_string(k) + ": " + std::to_string(boot.exchanges - ex) + " exchanges");
+    }
+    // No buffer of a call was registered: the window is the only registration (staging, which grows
+    // with the plans, is not a user buffer).
+    if (eng.registered_buffers() != 1) throw error(std::to_string(eng.registered_buffers()) + " registrations besides the window");
+    (void)regs;
+    const long before = pr.deregistrations;
+    w.release();
+    if (pr.deregistrations - before != 2) throw error("releasing the window deregistered " + std::to_string(pr.deregistrations - before) + " memories");
+  });
+  for (rank_t r = 0; r < 8; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].empty());
+  }
 }
