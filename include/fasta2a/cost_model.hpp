@@ -16,7 +16,7 @@ struct cost_params {
   double alpha = 10e-6; ///< seconds per stage: the synchronisation each rail stage costs
 };
 
-/// Lower bounds on the time of any schedule (DESIGN.md section 3), in seconds.
+/// Lower bounds on the time of any schedule (docs/DESIGN.md section 3), in seconds.
 struct lower_bounds {
   double scaleout_s = 0; ///< LB_out: busiest server's out or in bytes / (G * b_out)
   double scaleup_s = 0;  ///< LB_up: busiest GPU port (switch) or GPU pair (mesh) of intra traffic

@@ -1,4 +1,4 @@
-// fasta2a: plans as JSON documents ("fasta2a.plan.v1", DESIGN.md section 5) -- a fast writer, a
+// fasta2a: plans as JSON documents ("fasta2a.plan.v1", docs/DESIGN.md section 5) -- a fast writer, a
 // small strict JSON parser, and a reader that rebuilds an executable plan and rejects any document
 // whose hops are not the routes the library itself would take.
 #pragma once
@@ -132,7 +132,7 @@ private:
 
 } // namespace detail
 
-/// Writes p as a "fasta2a.plan.v1" document (DESIGN.md section 5): the fields "format", "servers",
+/// Writes p as a "fasta2a.plan.v1" document (docs/DESIGN.md section 5): the fields "format", "servers",
 /// "gpus_per_server", "stages" (each {"weight", "perm"}) and "pieces" (each {"src", "dst",
 /// "offset", "bytes", "hops"}, every hop {"kind", "from", "to", "stage"} as `p.route_of` gives it),
 /// in that order, one stage or one piece per line, pieces in plan order. A plan of the direct
@@ -657,7 +657,7 @@ struct plan_read_options {
 namespace detail {
 
 /// Reads a plan document in one pass with the JSON cursor (no tree: a tree of a million pieces
-/// would take gigabytes), then checks it against DESIGN.md section 5 and the routes of plan::route_of.
+/// would take gigabytes), then checks it against docs/DESIGN.md section 5 and the routes of plan::route_of.
 class plan_json_reader {
 public:
   plan_json_reader(std::string_view text, plan_read_options opt) : c_(text), opt_(opt) {}

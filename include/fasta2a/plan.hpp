@@ -11,7 +11,7 @@
 
 namespace fasta2a {
 
-/// The kinds of hop a byte range takes (DESIGN.md section 5). `direct` exists only in plans of the
+/// The kinds of hop a byte range takes (docs/DESIGN.md section 5). `direct` exists only in plans of the
 /// direct baseline, which sends every message straight to its destination as NCCL and MPI do.
 enum class hop_kind : std::uint8_t { self, intra, balance, rail, redistribute, direct };
 
@@ -151,7 +151,7 @@ struct plan {
     return server_of(p.dst) * gpus_per_server + p.rail;
   }
 
-  /// The hops of a piece, in order (DESIGN.md section 5 routes).
+  /// The hops of a piece, in order (docs/DESIGN.md section 5 routes).
   route route_of(const piece& p) const noexcept {
     route r;
     if (p.src == p.dst) {

@@ -1,6 +1,23 @@
 # ctest driver: install fasta2a from the build tree into a scratch prefix, then configure, build
-# and run the consumer project against it (find_package), and again through add_subdirectory.
+# and run a consumer project against it (find_package), and again through add_subdirectory.
 # Inputs: -DBUILD_DIR=<fasta2a build> -DSOURCE_DIR=<fasta2a source> -DWORK=<scratch dir>
+#         -DCONSUMER=core|host|mpi (default core: tests/consumer; host, mpi: tests/consumer/<name>)
+#         -DLAUNCH=<launcher, words separated by |> to run the program under (mpiexec -n 4 ...)
+# For core it also checks find_package's component rules (tests/consumer/components), with and
+# without MPI.
+if(NOT CONSUMER)
+  set(CONSUMER core)
+endif()
+if(CONSUMER STREQUAL "core")
+  set(project_dir "${SOURCE_DIR}/tests/consumer")
+  set(program consumer)
+else()
+  set(project_dir "${SOURCE_DIR}/tests/consumer/${CONSUMER}")
+  set(program consumer_${CONSUMER})
+endif()
+string(REPLACE "|" ";" launch "${LAUNCH}")
+list(REMOVE_ITEM launch "") # empty words (no MPIEXEC_PREFLAGS, say)
+
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 function(step)
@@ -11,13 +28,19 @@ function(step)
   message(STATUS "${out}")
 endfunction()
 step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK}/prefix")
+if(CONSUMER STREQUAL "core")
+  step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer/components" -B "${WORK}/components"
+       "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
+  step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer/components" -B "${WORK}/components-no-mpi"
+       "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DNO_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=TRUE)
+endif()
 foreach(mode IN ITEMS package subdirectory)
   if(mode STREQUAL "package")
     set(extra "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
   else()
     set(extra "-DFASTA2A_SOURCE_DIR=${SOURCE_DIR}")
   endif()
-  step(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK}/${mode}" ${extra})
+  step(${CMAKE_COMMAND} -S "${project_dir}" -B "${WORK}/${mode}" ${extra})
   step(${CMAKE_COMMAND} --build "${WORK}/${mode}")
-  step("${WORK}/${mode}/consumer")
+  step(${launch} "${WORK}/${mode}/${program}")
 endforeach()

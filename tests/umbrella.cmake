@@ -1,0 +1,16 @@
+# ctest: include/fasta2a/fasta2a.hpp includes every other header of include/fasta2a/.
+# Input: -DSOURCE_DIR=<fasta2a source>
+file(GLOB headers RELATIVE "${SOURCE_DIR}/include" "${SOURCE_DIR}/include/fasta2a/*.hpp")
+file(READ "${SOURCE_DIR}/include/fasta2a/fasta2a.hpp" umbrella)
+set(missing "")
+foreach(h IN LISTS headers)
+  if(NOT h STREQUAL "fasta2a/fasta2a.hpp" AND NOT umbrella MATCHES "#include [\"<]${h}[\">]")
+    list(APPEND missing ${h})
+  endif()
+endforeach()
+if(missing)
+  message(FATAL_ERROR "include/fasta2a/fasta2a.hpp does not include: ${missing}")
+endif()
+list(LENGTH headers n)
+math(EXPR n "${n} - 1")
+message(STATUS "fasta2a.hpp includes all ${n} other headers of include/fasta2a/")
