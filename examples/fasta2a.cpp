@@ -9,7 +9,7 @@
 #include <fasta2a/engine.hpp>
 #include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/host.hpp>
-#include <fasta2a/json.hpp>
+#include <fasta2a/json_writer.hpp>
 #include <fasta2a/pattern.hpp>
 #include <fasta2a/plan.hpp>
 #include <fasta2a/planner.hpp>
@@ -524,17 +524,6 @@ struct row {
   std::string decomposer, choice; // which schedule the FAST plan uses, and why (adaptive choices)
 };
 
-/// A JSON string literal.
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) out += strf("\\u%04x", c);
-    else out += c;
-  }
-  return out + "\"";
-}
-
 constexpr double mib = 1024.0 * 1024.0;
 
 void print_header(std::ostream& os) {
@@ -553,20 +542,29 @@ void print_row(std::ostream& os, const row& r) {
              r.spread_s * 1e3, r.direct_s * 1e3, r.synthesis_us, r.synthesis_rank_us);
 }
 
-/// A JSON number; JSON has no NaN or infinity, so those become null.
-std::string json_real(double x) { return std::isfinite(x) ? strf("%.9g", x) : std::string("null"); }
-
-
+/// One line of `fasta2a plan --report`: a JSON object of the row's figures.
 void write_report_line(std::ostream& os, const row& r) {
-  os << "{\"index\": " << r.index << ", \"ranks\": " << r.ranks << ", \"servers\": " << r.servers
-     << ", \"gpus\": " << r.gpus << ", \"bytes\": " << r.bytes << ", \"stages\": " << r.stages
-     << ", \"scaleup_bytes\": " << r.scaleup_bytes << ", \"staging_bytes\": " << r.staging_max
-     << ", \"lower_bound_s\": " << json_real(r.lower_bound_s) << ", \"predicted_s\": " << json_real(r.fast_s)
-     << ", \"predicted_spreadout_s\": " << json_real(r.spread_s)
-     << ", \"predicted_direct_s\": " << json_real(r.direct_s)
-     << ", \"synthesis_us\": " << json_real(r.synthesis_us)
-     << ", \"synthesis_rank_us\": " << json_real(r.synthesis_rank_us)
-     << ", \"decomposer\": " << json_string(r.decomposer) << ", \"choice\": " << json_string(r.choice) << "}\n";
+  std::string line;
+  fa::json_writer(line)
+      .begin_object()
+      .field("index", r.index)
+      .field("ranks", r.ranks)
+      .field("servers", r.servers)
+      .field("gpus", r.gpus)
+      .field("bytes", r.bytes)
+      .field("stages", r.stages)
+      .field("scaleup_bytes", r.scaleup_bytes)
+      .field("staging_bytes", r.staging_max)
+      .field("lower_bound_s", r.lower_bound_s)
+      .field("predicted_s", r.fast_s)
+      .field("predicted_spreadout_s", r.spread_s)
+      .field("predicted_direct_s", r.direct_s)
+      .field("synthesis_us", r.synthesis_us)
+      .field("synthesis_rank_us", r.synthesis_rank_us)
+      .field("decomposer", r.decomposer)
+      .field("choice", r.choice)
+      .end_object();
+  os << line << '\n';
 }
 
 /// Writes `text` to `path`, or an error naming the file.
@@ -582,18 +580,25 @@ void write_file(const std::string& path, const std::string& text, const char* wh
 /// meaningful speed-up.
 double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
 
-/// The fields every `fasta2a run` report line starts with (host and MPI transports alike), without
-/// the closing brace: the caller adds its own fields.
+/// The fields every `fasta2a run` report line starts with (host and MPI transports alike), into an
+/// open object: the caller adds its own fields and closes it.
 template <class Topo>
-void report_call_fields(std::ostream& out, std::size_t index, int ranks, const Topo& topo, bytes_t total,
+void report_call_fields(fa::json_writer& out, std::size_t index, int ranks, const Topo& topo, bytes_t total,
                         std::size_t stages, bytes_t staging, double call_s, double direct_s,
                         const fa::call_stats& stats) {
-  out << "{\"index\": " << index << ", \"ranks\": " << ranks << ", \"servers\": " << topo.servers()
-      << ", \"gpus\": " << topo.gpus_per_server() << ", \"bytes\": " << total << ", \"stages\": " << stages
-      << ", \"staging_bytes\": " << staging << ", \"call_s\": " << json_real(call_s)
-      << ", \"direct_call_s\": " << json_real(direct_s) << ", \"speedup\": " << json_real(ratio(direct_s, call_s))
-      << ", \"plan_s\": " << json_real(stats.plan_s) << ", \"exchange_s\": " << json_real(stats.exchange_s)
-      << ", \"execute_s\": " << json_real(stats.execute_s);
+  out.field("index", index)
+      .field("ranks", ranks)
+      .field("servers", topo.servers())
+      .field("gpus", topo.gpus_per_server())
+      .field("bytes", total)
+      .field("stages", stages)
+      .field("staging_bytes", staging)
+      .field("call_s", call_s)
+      .field("direct_call_s", direct_s)
+      .field("speedup", ratio(direct_s, call_s))
+      .field("plan_s", stats.plan_s)
+      .field("exchange_s", stats.exchange_s)
+      .field("execute_s", stats.execute_s);
 }
 
 double finite_median(const std::vector<double>& v) {
@@ -871,11 +876,17 @@ template <fa::Topology Topo> int run_command(const Topo& topo, const options& o)
                       (fast.bytes_checked + direct.bytes_checked) / mib);
     all_checked += fast.bytes_checked + direct.bytes_checked;
     if (report.is_open()) {
-      report_call_fields(report, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
+      std::string line;
+      fa::json_writer j(line);
+      j.begin_object();
+      report_call_fields(j, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
                          direct.call_s, fast.stats);
-      report << ", \"predicted_s\": " << json_real(model_fast) << ", \"predicted_direct_s\": " << json_real(model_direct)
-             << ", \"lower_bound_s\": " << json_real(lb)
-             << ", \"bytes_checked\": " << fast.bytes_checked + direct.bytes_checked << "}\n";
+      j.field("predicted_s", model_fast)
+          .field("predicted_direct_s", model_direct)
+          .field("lower_bound_s", lb)
+          .field("bytes_checked", fast.bytes_checked + direct.bytes_checked)
+          .end_object();
+      report << line << '\n';
     }
   }
   if (report.is_open() && !report.flush()) throw fa::error("cannot write report file '" + o.report_path + "'");
@@ -1040,11 +1051,16 @@ int run_mpi_command(const options& o) {
                       fast.stats.plan_s * 1e6, fast.stats.exchange_s * 1e6, fast.stats.execute_s * 1e3,
                       (fast.checked + direct.checked) / mib);
     if (report.is_open()) {
-      report_call_fields(report, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
+      std::string line;
+      fa::json_writer j(line);
+      j.begin_object();
+      report_call_fields(j, w.first_index + k, n, topo, total, fast.stages, fast.staging_max, fast.call_s,
                          direct.call_s, fast.stats);
-      report << ", \"mpi_alltoallv_s\": " << (o.compare_mpi ? json_real(fast.mpi_s) : std::string("null"))
-             << ", \"bytes_checked\": " << fast.checked + direct.checked
-             << ", \"bytes_compared_mpi\": " << fast.compared << "}\n";
+      j.field("mpi_alltoallv_s", o.compare_mpi ? std::optional<double>(fast.mpi_s) : std::nullopt)
+          .field("bytes_checked", fast.checked + direct.checked)
+          .field("bytes_compared_mpi", fast.compared)
+          .end_object();
+      report << line << '\n';
     }
   }
   if (report.is_open() && !report.flush()) throw fa::error("cannot write report file '" + o.report_path + "'");

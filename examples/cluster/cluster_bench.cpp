@@ -19,6 +19,7 @@
 #include <fasta2a/decompose.hpp>
 #include <fasta2a/engine.hpp>
 #include <fasta2a/fewer_stages.hpp>
+#include <fasta2a/json_writer.hpp>
 #include <fasta2a/mpi.hpp>
 #include <fasta2a/pattern.hpp>
 #include <fasta2a/traffic.hpp>
@@ -376,35 +377,6 @@ private:
   std::vector<std::byte> send_, recv_;
 };
 
-std::string strf_fixed(double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6f", x);
-  return b;
-}
-
-std::string num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", x);
-  return b;
-}
-
-template <class V>
-std::string list(const V& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(static_cast<double>(v[i]));
-  return s + "]";
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
-  }
-  return q + "\"";
-}
-
 int run(int argc, char** argv) {
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -455,21 +427,41 @@ int run(int argc, char** argv) {
   for (const result& r : results)
     if (r.method == "mpi_alltoallv") mpi_median = r.median;
   for (const result& r : results) {
-    std::ostringstream js;
-    js << "{\"workload\": " << quote(o.label) << ", \"method\": " << quote(r.method) << ", \"servers\": " << S
-       << ", \"gpus\": " << G << ", \"ranks\": " << n << ", \"rate_mbit\": " << num(o.rate_mbit)
-       << ", \"bytes\": " << total << ", \"inter_server_bytes\": " << inter << ", \"lb_server_s\": " << num(lb_server)
-       << ", \"lb_gpu_s\": " << num(lb_gpu) << ", \"iters\": " << o.iters << ", \"median_s\": " << num(r.median)
-       << ", \"per_lb_server\": " << num(r.median / lb_server) << ", \"per_lb_gpu\": " << num(r.median / lb_gpu)
-       << ", \"speedup_vs_mpi\": " << num(mpi_median / r.median) << ", \"stages\": " << r.stages
-       << ", \"bytes_checked\": " << r.checked << ", \"times_s\": " << list(r.times) << ", \"windows\": [";
-    for (std::size_t k = 0; k < r.windows.size(); ++k)
-      js << (k ? ", " : "") << "[" << strf_fixed(r.windows[k].first) << ", " << strf_fixed(r.windows[k].second) << "]";
-    js << "], \"nic_tx_bytes\": " << (r.nic_known ? list(r.nic_tx) : "null")
-       << ", \"nic_rx_bytes\": " << (r.nic_known ? list(r.nic_rx) : "null")
-       << ", \"plan_s\": " << num(r.stats.plan_s) << ", \"exchange_s\": " << num(r.stats.exchange_s)
-       << ", \"execute_s\": " << num(r.stats.execute_s) << ", \"executed\": " << quote(r.executed) << "}";
-    std::printf("%s\n", js.str().c_str());
+    // One JSON object per method: bench_cluster.sh and nic_svg.py read these lines.
+    std::string line;
+    fa::json_writer js(line);
+    js.begin_object()
+        .field("workload", o.label)
+        .field("method", r.method)
+        .field("servers", S)
+        .field("gpus", G)
+        .field("ranks", n)
+        .field("rate_mbit", o.rate_mbit)
+        .field("bytes", total)
+        .field("inter_server_bytes", inter)
+        .field("lb_server_s", lb_server)
+        .field("lb_gpu_s", lb_gpu)
+        .field("iters", o.iters)
+        .field("median_s", r.median)
+        .field("per_lb_server", r.median / lb_server)
+        .field("per_lb_gpu", r.median / lb_gpu)
+        .field("speedup_vs_mpi", mpi_median / r.median)
+        .field("stages", r.stages)
+        .field("bytes_checked", r.checked)
+        .field("times_s", r.times);
+    js.key("windows").begin_array();
+    for (const auto& [start, end] : r.windows) js.begin_array().value(start).value(end).end_array();
+    js.end_array();
+    // Per NIC, bytes per call; null where the NICs' counters could not be read.
+    using counts = std::optional<std::vector<double>>;
+    js.field("nic_tx_bytes", r.nic_known ? counts(r.nic_tx) : std::nullopt)
+        .field("nic_rx_bytes", r.nic_known ? counts(r.nic_rx) : std::nullopt)
+        .field("plan_s", r.stats.plan_s)
+        .field("exchange_s", r.stats.exchange_s)
+        .field("execute_s", r.stats.execute_s)
+        .field("executed", r.executed)
+        .end_object();
+    std::printf("%s\n", line.c_str());
     std::fprintf(stderr, "cluster_bench: %-14s %-14s median %8.3f s  %5.2fx LB_server  %5.2fx LB_gpu  %5.2fx vs MPI\n",
                  o.label.c_str(), r.method.c_str(), r.median, r.median / lb_server, r.median / lb_gpu,
                  mpi_median / r.median);
