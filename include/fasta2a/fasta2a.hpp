@@ -10,4 +10,5 @@
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/verify.hpp"
 #include "fasta2a/json.hpp"
+#include "fasta2a/registry.hpp"
 #include "fasta2a/svg.hpp"
