@@ -22,6 +22,7 @@
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/mpi.hpp>
 #include <fasta2a/pattern.hpp>
+#include <fasta2a/registry.hpp>
 #include <fasta2a/traffic.hpp>
 
 #include <algorithm>
@@ -56,15 +57,18 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
   --unit U               megatron: bytes per token (default 4096)
   --seed S               generator seed (default 1)
   --granule B            the engine's granule (default 4096: one token of the trace at --unit 4096)
-  --methods LIST         comma-separated subset of mpi,direct,spread-out,fast (default these four),
-                         also fast-bottleneck (exact, heaviest stages first: fewer stages) and
-                         fast-quantized (stages in multiples of a quantum chosen for --alpha-ms);
+  --methods LIST         comma-separated methods (default mpi,direct,spread-out,fast): mpi
+                         (MPI_Alltoallv), or the engine with a decomposer: birkhoff, bottleneck
+                         (exact, heaviest stages first: fewer stages), quantized (stages in
+                         multiples of a quantum chosen for --alpha-ms), spread-out, direct, best;
+                         also written fast-NAME (fast-bottleneck, fast-quantized), and fast for
+                         birkhoff, as the recorded results name them;
                          diagnostics: isend (MPI_Irecv/MPI_Isend to every peer, posted in rank
                          order 0..N-1, as the engine's direct plan posts them) and isend-rotated
                          (posted from rank me+1 on, so that senders start on different receivers)
                          fast-adaptive (exact Birkhoff, but direct sending wherever the engine's
                          model predicts it faster: plan_options::direct_if_faster_alpha)
-  --alpha-ms A           fast-quantized, fast-adaptive: the cost of one stage on this network
+  --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
   --iters N              timed calls per method after one warm-up (default 5)
@@ -88,7 +92,7 @@ struct options {
   std::vector<std::string> methods{"mpi", "direct", "spread-out", "fast"};
   unsigned iters = 5;
   double rate_mbit = 200;
-  double alpha_ms = 5;
+  double alpha_s = 5e-3; // --alpha-ms is given in milliseconds; parse converts it, once
   std::size_t rail_window = fa::engine_options{}.rail_window;
   std::string label;
 };
@@ -99,6 +103,25 @@ std::vector<std::string> split(const std::string& s, char sep) {
   for (std::string part; std::getline(in, part, sep);)
     if (!part.empty()) out.push_back(part);
   return out;
+}
+
+/// What an engine method runs: a decomposer of the library's registry, and whether the engine may
+/// send directly where its model predicts that faster (plan_options::direct_if_faster_alpha).
+struct engine_method {
+  std::string decomposer;
+  bool adaptive = false;
+};
+
+/// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
+/// isend-rotated are not the engine's). The entry is a decomposer's name, or "fast-" and a name;
+/// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
+/// faster. The "fast" forms are the method names of the recorded results and scripts.
+std::optional<engine_method> engine_method_of(std::string_view m) {
+  if (m == "fast") return engine_method{"birkhoff"};
+  if (m == "fast-adaptive") return engine_method{"birkhoff", true};
+  if (m.starts_with("fast-")) m.remove_prefix(5);
+  if (fa::is_decomposer_name(m)) return engine_method{std::string(m)};
+  return std::nullopt;
 }
 
 options parse(int argc, char** argv) {
@@ -127,7 +150,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
     else if (flag == "--rail-window") o.rail_window = std::stoul(v);
     else if (flag == "--label") o.label = v;
-    else if (flag == "--alpha-ms") o.alpha_ms = std::stod(v);
+    else if (flag == "--alpha-ms") o.alpha_s = std::stod(v) * 1e-3;
     else throw fa::error("unknown option '" + std::string(flag) + "' (try --help)");
   }
   if (o.gpus < 1) throw fa::error("--gpus G is required (ranks per server)");
@@ -135,10 +158,9 @@ options parse(int argc, char** argv) {
   if (o.granule < 1) throw fa::error("--granule must be at least 1");
   if (!(o.rate_mbit > 0)) throw fa::error("--rate-mbit must be positive");
   for (const std::string& m : o.methods)
-    if (m != "mpi" && m != "direct" && m != "spread-out" && m != "fast" && m != "fast-bottleneck" &&
-        m != "fast-quantized" && m != "fast-adaptive" && m != "isend" && m != "isend-rotated")
-      throw fa::error("--methods: unknown method '" + m +
-                      "' (mpi, direct, spread-out, fast, fast-bottleneck, fast-quantized, fast-adaptive)");
+    if (m != "mpi" && m != "isend" && m != "isend-rotated" && !engine_method_of(m))
+      throw fa::error("--methods: unknown method '" + m + "' (mpi, isend, isend-rotated, fast, fast-adaptive, or a " +
+                      "decomposer, possibly as fast-NAME: " + fa::decomposer_names_text() + ")");
   if (o.workload == "megatron" && o.matrix.empty()) throw fa::error("--workload megatron needs --matrix FILE");
   if (o.label.empty()) {
     if (o.workload == "megatron") o.label = "megatron[" + std::to_string(o.index) + "]";
@@ -406,21 +428,25 @@ int run(int argc, char** argv) {
   }
   const double lb_gpu = static_cast<double>(gpu_max) / b_out;
 
+  // The engine's decomposers model this network: the shaped NIC rate and --alpha-ms. quantized
+  // searches for its quantum (several decompositions per plan), as in the recorded results: the
+  // benchmark compares schedules, and reports planning time apart (plan_s).
+  const fa::decomposer_params dp{
+      .alpha_s = o.alpha_s, .scaleout_bytes_per_s = b_out, .quantum = fa::quantum_rule::search};
   bench b(o, t, me, n);
   std::vector<result> results;
   for (const std::string& m : o.methods) {
     if (me == 0) std::fprintf(stderr, "cluster_bench: %s: %s ...\n", o.label.c_str(), m.c_str());
     if (m == "mpi") results.push_back(b.run_mpi());
     else if (m == "isend" || m == "isend-rotated") results.push_back(b.run_isend(m == "isend-rotated"));
-    else if (m == "direct") results.push_back(b.run_engine<fa::direct_decomposer>("direct"));
-    else if (m == "spread-out") results.push_back(b.run_engine<fa::spread_out_decomposer>("spread-out"));
-    else if (m == "fast") results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast"));
-    else if (m == "fast-bottleneck") results.push_back(b.run_engine<fa::bottleneck_decomposer>("fast-bottleneck"));
-    else if (m == "fast-adaptive")
-      results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast-adaptive", {}, o.alpha_ms * 1e-3));
-    else
-      results.push_back(b.run_engine<fa::quantized_decomposer>(
-          "fast-quantized", fa::quantized_decomposer(o.alpha_ms * 1e-3, b_out, fa::quantum_rule::search)));
+    else {
+      const engine_method e = *engine_method_of(m); // parse checked every method
+      const std::optional<double> direct_if_faster_alpha =
+          e.adaptive ? std::optional<double>(dp.alpha_s) : std::nullopt;
+      results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha);
+      }));
+    }
   }
   if (me != 0) return 0;
   double mpi_median = NAN;
