@@ -27,6 +27,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -540,6 +542,17 @@ TEST_CASE("json.writer.builds_objects_and_arrays") {
   json_writer(line).value(std::vector<int>{1, 2});
   CHECK(line == "x=[1, 2]");
 }
+
+/// Whether json_writer::value takes a T.
+template <class T>
+concept writable = requires(json_writer& w, const T& v) { w.value(v); };
+
+// What may be written, and what must not compile: a pointer would otherwise convert to `true`.
+static_assert(writable<bool> && writable<int> && writable<std::uint64_t> && writable<double> && writable<float>);
+static_assert(writable<const char*> && writable<std::string> && writable<std::string_view>);
+static_assert(writable<std::nullptr_t> && writable<std::optional<double>> && writable<std::vector<double>>);
+static_assert(writable<std::vector<std::string>> && writable<std::optional<std::vector<int>>>);
+static_assert(!writable<int*> && !writable<const double*> && !writable<std::pair<int, int>>);
 
 TEST_CASE("json.writer.misuse_is_an_error") {
   std::string out;

@@ -71,6 +71,7 @@ template <class Topo, class... Ds> struct planners_of<Topo, std::tuple<Ds...>> {
 template <fa::Topology Topo>
 using fast_planner = typename planners_of<Topo, fa::registered_decomposers>::type;
 
+/// The FAST planner of --decomposer, configured from --alpha, --adaptive and the topology's NICs.
 template <fa::Topology Topo>
 fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
   return fa::with_decomposer(o.decomposer, decomposer_params_of(o, topo.scaleout_bandwidth()),

@@ -191,8 +191,10 @@ public:
   json_writer& value(const char* text) { return value(std::string_view(text)); }
   /// A string value.
   json_writer& value(const std::string& text) { return value(std::string_view(text)); }
-  /// true or false.
-  json_writer& value(bool b) {
+  /// true or false. A template, so that nothing converts to bool on its way here: a pointer
+  /// passed by mistake is a compile error rather than `true`.
+  template <std::same_as<bool> Bool>
+  json_writer& value(Bool b) {
     before_value();
     out_ += b ? "true" : "false";
     return *this;
