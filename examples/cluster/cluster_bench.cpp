@@ -19,8 +19,10 @@
 #include <fasta2a/decompose.hpp>
 #include <fasta2a/engine.hpp>
 #include <fasta2a/fewer_stages.hpp>
+#include <fasta2a/json_writer.hpp>
 #include <fasta2a/mpi.hpp>
 #include <fasta2a/pattern.hpp>
+#include <fasta2a/registry.hpp>
 #include <fasta2a/traffic.hpp>
 
 #include <algorithm>
@@ -55,15 +57,18 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
   --unit U               megatron: bytes per token (default 4096)
   --seed S               generator seed (default 1)
   --granule B            the engine's granule (default 4096: one token of the trace at --unit 4096)
-  --methods LIST         comma-separated subset of mpi,direct,spread-out,fast (default these four),
-                         also fast-bottleneck (exact, heaviest stages first: fewer stages) and
-                         fast-quantized (stages in multiples of a quantum chosen for --alpha-ms);
+  --methods LIST         comma-separated methods (default mpi,direct,spread-out,fast): mpi
+                         (MPI_Alltoallv), or the engine with a decomposer: birkhoff, bottleneck
+                         (exact, heaviest stages first: fewer stages), quantized (stages in
+                         multiples of a quantum chosen for --alpha-ms), spread-out, direct, best;
+                         also written fast-NAME (fast-bottleneck, fast-quantized), and fast for
+                         birkhoff, as the recorded results name them;
                          diagnostics: isend (MPI_Irecv/MPI_Isend to every peer, posted in rank
                          order 0..N-1, as the engine's direct plan posts them) and isend-rotated
                          (posted from rank me+1 on, so that senders start on different receivers)
                          fast-adaptive (exact Birkhoff, but direct sending wherever the engine's
                          model predicts it faster: plan_options::direct_if_faster_alpha)
-  --alpha-ms A           fast-quantized, fast-adaptive: the cost of one stage on this network
+  --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
   --iters N              timed calls per method after one warm-up (default 5)
@@ -87,7 +92,7 @@ struct options {
   std::vector<std::string> methods{"mpi", "direct", "spread-out", "fast"};
   unsigned iters = 5;
   double rate_mbit = 200;
-  double alpha_ms = 5;
+  double alpha_s = 5e-3; // --alpha-ms is given in milliseconds; parse converts it, once
   std::size_t rail_window = fa::engine_options{}.rail_window;
   std::string label;
 };
@@ -98,6 +103,25 @@ std::vector<std::string> split(const std::string& s, char sep) {
   for (std::string part; std::getline(in, part, sep);)
     if (!part.empty()) out.push_back(part);
   return out;
+}
+
+/// What an engine method runs: a decomposer of the library's registry, and whether the engine may
+/// send directly where its model predicts that faster (plan_options::direct_if_faster_alpha).
+struct engine_method {
+  std::string decomposer;
+  bool adaptive = false;
+};
+
+/// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
+/// isend-rotated are not the engine's). The entry is a decomposer's name, or "fast-" and a name;
+/// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
+/// faster. The "fast" forms are the method names of the recorded results and scripts.
+std::optional<engine_method> engine_method_of(std::string_view m) {
+  if (m == "fast") return engine_method{"birkhoff"};
+  if (m == "fast-adaptive") return engine_method{"birkhoff", true};
+  if (m.starts_with("fast-")) m.remove_prefix(5);
+  if (fa::is_decomposer_name(m)) return engine_method{std::string(m)};
+  return std::nullopt;
 }
 
 options parse(int argc, char** argv) {
@@ -126,7 +150,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
     else if (flag == "--rail-window") o.rail_window = std::stoul(v);
     else if (flag == "--label") o.label = v;
-    else if (flag == "--alpha-ms") o.alpha_ms = std::stod(v);
+    else if (flag == "--alpha-ms") o.alpha_s = std::stod(v) * 1e-3;
     else throw fa::error("unknown option '" + std::string(flag) + "' (try --help)");
   }
   if (o.gpus < 1) throw fa::error("--gpus G is required (ranks per server)");
@@ -134,10 +158,9 @@ options parse(int argc, char** argv) {
   if (o.granule < 1) throw fa::error("--granule must be at least 1");
   if (!(o.rate_mbit > 0)) throw fa::error("--rate-mbit must be positive");
   for (const std::string& m : o.methods)
-    if (m != "mpi" && m != "direct" && m != "spread-out" && m != "fast" && m != "fast-bottleneck" &&
-        m != "fast-quantized" && m != "fast-adaptive" && m != "isend" && m != "isend-rotated")
-      throw fa::error("--methods: unknown method '" + m +
-                      "' (mpi, direct, spread-out, fast, fast-bottleneck, fast-quantized, fast-adaptive)");
+    if (m != "mpi" && m != "isend" && m != "isend-rotated" && !engine_method_of(m))
+      throw fa::error("--methods: unknown method '" + m + "' (mpi, isend, isend-rotated, fast, fast-adaptive, or a " +
+                      "decomposer, possibly as fast-NAME: " + fa::decomposer_names_text() + ")");
   if (o.workload == "megatron" && o.matrix.empty()) throw fa::error("--workload megatron needs --matrix FILE");
   if (o.label.empty()) {
     if (o.workload == "megatron") o.label = "megatron[" + std::to_string(o.index) + "]";
@@ -376,35 +399,6 @@ private:
   std::vector<std::byte> send_, recv_;
 };
 
-std::string strf_fixed(double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6f", x);
-  return b;
-}
-
-std::string num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", x);
-  return b;
-}
-
-template <class V>
-std::string list(const V& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(static_cast<double>(v[i]));
-  return s + "]";
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
-  }
-  return q + "\"";
-}
-
 int run(int argc, char** argv) {
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -434,42 +428,66 @@ int run(int argc, char** argv) {
   }
   const double lb_gpu = static_cast<double>(gpu_max) / b_out;
 
+  // The engine's decomposers model this network: the shaped NIC rate and --alpha-ms. quantized
+  // searches for its quantum (several decompositions per plan), as in the recorded results: the
+  // benchmark compares schedules, and reports planning time apart (plan_s).
+  const fa::decomposer_params dp{
+      .alpha_s = o.alpha_s, .scaleout_bytes_per_s = b_out, .quantum = fa::quantum_rule::search};
   bench b(o, t, me, n);
   std::vector<result> results;
   for (const std::string& m : o.methods) {
     if (me == 0) std::fprintf(stderr, "cluster_bench: %s: %s ...\n", o.label.c_str(), m.c_str());
     if (m == "mpi") results.push_back(b.run_mpi());
     else if (m == "isend" || m == "isend-rotated") results.push_back(b.run_isend(m == "isend-rotated"));
-    else if (m == "direct") results.push_back(b.run_engine<fa::direct_decomposer>("direct"));
-    else if (m == "spread-out") results.push_back(b.run_engine<fa::spread_out_decomposer>("spread-out"));
-    else if (m == "fast") results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast"));
-    else if (m == "fast-bottleneck") results.push_back(b.run_engine<fa::bottleneck_decomposer>("fast-bottleneck"));
-    else if (m == "fast-adaptive")
-      results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast-adaptive", {}, o.alpha_ms * 1e-3));
-    else
-      results.push_back(b.run_engine<fa::quantized_decomposer>(
-          "fast-quantized", fa::quantized_decomposer(o.alpha_ms * 1e-3, b_out, fa::quantum_rule::search)));
+    else {
+      const engine_method e = *engine_method_of(m); // parse checked every method
+      const std::optional<double> direct_if_faster_alpha =
+          e.adaptive ? std::optional<double>(dp.alpha_s) : std::nullopt;
+      results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha);
+      }));
+    }
   }
   if (me != 0) return 0;
   double mpi_median = NAN;
   for (const result& r : results)
     if (r.method == "mpi_alltoallv") mpi_median = r.median;
   for (const result& r : results) {
-    std::ostringstream js;
-    js << "{\"workload\": " << quote(o.label) << ", \"method\": " << quote(r.method) << ", \"servers\": " << S
-       << ", \"gpus\": " << G << ", \"ranks\": " << n << ", \"rate_mbit\": " << num(o.rate_mbit)
-       << ", \"bytes\": " << total << ", \"inter_server_bytes\": " << inter << ", \"lb_server_s\": " << num(lb_server)
-       << ", \"lb_gpu_s\": " << num(lb_gpu) << ", \"iters\": " << o.iters << ", \"median_s\": " << num(r.median)
-       << ", \"per_lb_server\": " << num(r.median / lb_server) << ", \"per_lb_gpu\": " << num(r.median / lb_gpu)
-       << ", \"speedup_vs_mpi\": " << num(mpi_median / r.median) << ", \"stages\": " << r.stages
-       << ", \"bytes_checked\": " << r.checked << ", \"times_s\": " << list(r.times) << ", \"windows\": [";
-    for (std::size_t k = 0; k < r.windows.size(); ++k)
-      js << (k ? ", " : "") << "[" << strf_fixed(r.windows[k].first) << ", " << strf_fixed(r.windows[k].second) << "]";
-    js << "], \"nic_tx_bytes\": " << (r.nic_known ? list(r.nic_tx) : "null")
-       << ", \"nic_rx_bytes\": " << (r.nic_known ? list(r.nic_rx) : "null")
-       << ", \"plan_s\": " << num(r.stats.plan_s) << ", \"exchange_s\": " << num(r.stats.exchange_s)
-       << ", \"execute_s\": " << num(r.stats.execute_s) << ", \"executed\": " << quote(r.executed) << "}";
-    std::printf("%s\n", js.str().c_str());
+    // One JSON object per method: bench_cluster.sh and nic_svg.py read these lines.
+    std::string line;
+    fa::json_writer js(line);
+    js.begin_object()
+        .field("workload", o.label)
+        .field("method", r.method)
+        .field("servers", S)
+        .field("gpus", G)
+        .field("ranks", n)
+        .field("rate_mbit", o.rate_mbit)
+        .field("bytes", total)
+        .field("inter_server_bytes", inter)
+        .field("lb_server_s", lb_server)
+        .field("lb_gpu_s", lb_gpu)
+        .field("iters", o.iters)
+        .field("median_s", r.median)
+        .field("per_lb_server", r.median / lb_server)
+        .field("per_lb_gpu", r.median / lb_gpu)
+        .field("speedup_vs_mpi", mpi_median / r.median)
+        .field("stages", r.stages)
+        .field("bytes_checked", r.checked)
+        .field("times_s", r.times);
+    js.key("windows").begin_array();
+    for (const auto& [start, end] : r.windows) js.begin_array().value(start).value(end).end_array();
+    js.end_array();
+    // Per NIC, bytes per call; null where the NICs' counters could not be read.
+    using counts = std::optional<std::vector<double>>;
+    js.field("nic_tx_bytes", r.nic_known ? counts(r.nic_tx) : std::nullopt)
+        .field("nic_rx_bytes", r.nic_known ? counts(r.nic_rx) : std::nullopt)
+        .field("plan_s", r.stats.plan_s)
+        .field("exchange_s", r.stats.exchange_s)
+        .field("execute_s", r.stats.execute_s)
+        .field("executed", r.executed)
+        .end_object();
+    std::printf("%s\n", line.c_str());
     std::fprintf(stderr, "cluster_bench: %-14s %-14s median %8.3f s  %5.2fx LB_server  %5.2fx LB_gpu  %5.2fx vs MPI\n",
                  o.label.c_str(), r.method.c_str(), r.median, r.median / lb_server, r.median / lb_gpu,
                  mpi_median / r.median);

@@ -1,0 +1,81 @@
+// fasta2a: the command-line program. `fasta2a plan` plans traffic matrices (a recorded trace or a
+// synthetic generator), verifies every plan, and compares the FAST plan with the spread-out and
+// direct baselines in the alpha-beta cost model (plan.cpp). `fasta2a run` executes all-to-allv
+// calls with real bytes on a transport, checks every received byte, and measures them against
+// direct execution on the same transport (run_host.cpp, run_mpi.cpp). Options and help texts are
+// in options.cpp. This file picks the command and turns what it throws into an exit status.
+#include "commands.hpp"
+#include "options.hpp"
+
+#include <exception>
+#include <iostream>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cli {
+namespace {
+
+int run_run(const std::vector<std::string_view>& args) {
+  const std::optional<options> parsed = parse_options(args, true);
+  if (!parsed) {
+    std::cout << run_usage << mpi_run_usage;
+    return 0;
+  }
+  const options& o = *parsed;
+#ifdef FASTA2A_HAVE_MPI
+  if (o.transport == "mpi") return run_mpi(o);
+#endif
+  if (o.transport != "host")
+    throw fa::error("--transport " + o.transport + " is not built into this fasta2a (host only)");
+  if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi");
+  return run_host_command(o);
+}
+
+int run_plan(const std::vector<std::string_view>& args) {
+  const std::optional<options> parsed = parse_options(args, false);
+  if (!parsed) {
+    std::cout << plan_usage;
+    return 0;
+  }
+  return plan_command(*parsed);
+}
+
+} // namespace
+} // namespace cli
+
+int main(int argc, char** argv) {
+  using namespace cli;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  try {
+    if (args.empty()) {
+      std::cerr << "fasta2a: error: no command given\n" << general_usage;
+      return 2;
+    }
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::cout << general_usage << "\n" << plan_usage;
+      return 0;
+    }
+    if (args[0] == "run") return run_run({args.begin() + 1, args.end()});
+    if (args[0] != "plan")
+      throw fa::error("unknown command '" + std::string(args[0]) + "' (try fasta2a --help)");
+    return run_plan({args.begin() + 1, args.end()});
+  } catch (const delivery_failure& e) {
+    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    return 1;
+  } catch (const verification_failure& e) {
+    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    return 1;
+  } catch (const fa::error& e) { // plan_too_large included
+    std::cerr << "fasta2a: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "fasta2a: error: out of memory (try fewer ranks or a smaller --max-plan-bytes)\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fasta2a: error: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,90 @@
+// fasta2a CLI: the command line's options, their help texts, and what they mean to the library.
+// Every option is read here and only here; the commands see an `options` value, already checked.
+#pragma once
+
+#include <fasta2a/common.hpp>
+#include <fasta2a/engine.hpp>
+#include <fasta2a/planner.hpp>
+#include <fasta2a/registry.hpp>
+#include <fasta2a/topology.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cli {
+
+namespace fa = fasta2a;
+using fa::bytes_t;
+using fa::rank_t;
+
+/// `fasta2a --help`, and what an empty command line prints after its error.
+extern const char* const general_usage;
+/// `fasta2a plan --help`.
+extern const char* const plan_usage;
+/// `fasta2a run --help`.
+extern const char* const run_usage;
+/// Appended to run_usage: the MPI transport's options where it is built, else empty.
+extern const char* const mpi_run_usage;
+
+/// Which traffic the options ask for.
+enum class input_kind { none, matrix, uniform, zipf, hotspot, lognormal };
+
+/// Everything the command line says, checked: sizes in bytes, times in seconds.
+struct options {
+  int servers = 0;
+  int gpus = 0;
+  fa::link_model links = fa::h200_links;
+  std::string decomposer = "birkhoff"; // one of fa::decomposer_names()
+  bool adaptive = false;
+  bytes_t granule = 1;
+  double alpha_s = 10e-6; // --alpha is given in microseconds; parse_options converts it, once
+  std::size_t max_plan_bytes = fa::plan_options{}.max_plan_bytes;
+  unsigned repeat = 5;
+
+  input_kind input = input_kind::none;
+  std::string input_flag; // as given, for messages
+  std::string matrix_path;
+  std::size_t index = 0;
+  bool all = false;
+  bytes_t unit = 1;
+  double zipf_s = 0;
+  rank_t hot = 0;
+  double hot_share = 0.5;
+  double sigma = 0;
+  bytes_t bytes_per_rank = bytes_t{64} << 20;
+  std::uint64_t seed = 1;
+
+  std::string json_path, report_path, svg_path;
+
+  // fasta2a run
+  std::string transport = "host";
+  unsigned iters = 5;
+  std::size_t rail_window = fa::engine_options{}.rail_window;
+  bool compare_mpi = false;
+};
+
+/// Parses the arguments of `fasta2a plan` (or, with `run`, of `fasta2a run`). Returns nothing
+/// when help was asked for. Throws fasta2a::error naming the option for anything it cannot take:
+/// an unknown or repeated option, a missing or malformed value, options that contradict each
+/// other or do not apply to the command.
+std::optional<options> parse_options(const std::vector<std::string_view>& args, bool run);
+
+/// The decomposer configuration of the options (--alpha) for NICs of `scaleout_bytes_per_s`: what
+/// fasta2a::with_decomposer(o.decomposer, ...) is given. The closed-form quantum, since a runtime
+/// plans on every call.
+inline fa::decomposer_params decomposer_params_of(const options& o, double scaleout_bytes_per_s) {
+  return {.alpha_s = o.alpha_s, .scaleout_bytes_per_s = scaleout_bytes_per_s, .quantum = fa::quantum_rule::formula};
+}
+
+/// Planning options from the command line: --adaptive adds the direct fallback at --alpha.
+inline fa::plan_options planning_options(const options& o) {
+  fa::plan_options p{o.granule, o.max_plan_bytes};
+  if (o.adaptive) p.direct_if_faster_alpha = o.alpha_s;
+  return p;
+}
+
+} // namespace cli

@@ -1,0 +1,223 @@
+// fasta2a CLI: `fasta2a plan`. Plans traffic matrices with FAST, verifies every plan, and compares
+// it with the spread-out and direct baselines in the alpha-beta cost model (times other than
+// synthesis are model predictions).
+#include "commands.hpp"
+#include "options.hpp"
+#include "report.hpp"
+#include "workload.hpp"
+
+#include <fasta2a/cost_model.hpp>
+#include <fasta2a/decompose.hpp>
+#include <fasta2a/json_writer.hpp>
+#include <fasta2a/plan.hpp>
+#include <fasta2a/planner.hpp>
+#include <fasta2a/registry.hpp>
+#include <fasta2a/svg.hpp>
+#include <fasta2a/topology.hpp>
+#include <fasta2a/traffic.hpp>
+#include <fasta2a/verify.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+namespace cli {
+namespace {
+
+/// Plans t `repeat` times with one planner into one plan, as a runtime would every iteration
+/// (storage reused), and returns the median wall time in microseconds.
+/// With `rank` >= 0, times that rank's part of the plan (planner::make_rank_into) instead.
+template <class Planner>
+double timed_make(Planner& planner, const fa::traffic_matrix& t, fa::plan& out, unsigned repeat,
+                  rank_t rank = -1) {
+  std::vector<double> us;
+  us.reserve(repeat);
+  for (unsigned r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    if (rank >= 0) planner.make_rank_into(t, rank, out);
+    else planner.make_into(t, out);
+    const auto stop = std::chrono::steady_clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  return median(std::move(us));
+}
+
+/// Runs the independent verifier; exact decomposers must also meet the lower bound exactly.
+template <fa::Decomposer D>
+void check_plan(const fa::plan& p, const fa::traffic_matrix& t, const char* which) {
+  const fa::verify_result r = fa::verify(p, t, fa::verify_options{.exact_lower_bound = D::exact});
+  if (!r) throw verification_failure(std::string("the ") + which + " plan fails verification: " + r.error);
+}
+
+/// The decomposer a planner type was built with.
+template <class Planner> struct decomposer_of;
+template <class Topo, class D> struct decomposer_of<fa::planner<Topo, D>> { using type = D; };
+
+/// A planner of every registered decomposer type, on one topology type.
+template <class Topo, class Decomposers> struct planners_of;
+template <class Topo, class... Ds> struct planners_of<Topo, std::tuple<Ds...>> {
+  using type = std::variant<fa::planner<Topo, Ds>...>;
+};
+
+/// The FAST planner with the decomposer chosen on the command line.
+template <fa::Topology Topo>
+using fast_planner = typename planners_of<Topo, fa::registered_decomposers>::type;
+
+/// The FAST planner of --decomposer, configured from --alpha, --adaptive and the topology's NICs.
+template <fa::Topology Topo>
+fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
+  return fa::with_decomposer(o.decomposer, decomposer_params_of(o, topo.scaleout_bandwidth()),
+                             [&](auto dec) -> fast_planner<Topo> {
+                               return fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec);
+                             });
+}
+
+/// `fasta2a plan` on one topology type: a runtime-sized one or, for 8 GPUs per server, the
+/// compile-time-sized one. Every plan is verified before any of its figures is printed.
+template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
+  const rank_t n = topo.ranks();
+  // A plan indexes every message (two 4-byte words per rank pair), so a topology whose index
+  // alone passes the limit cannot be planned: say so before allocating an n x n matrix for it.
+  const long double index_bytes = 8.0L * n * n;
+  if (index_bytes > static_cast<long double>(o.max_plan_bytes))
+    throw fa::plan_too_large(strf("%d ranks need %.0Lf bytes of plan just to index their messages, more than "
+                                  "the plan size limit of %zu bytes (raise --max-plan-bytes)",
+                                  n, index_bytes, o.max_plan_bytes));
+
+  const fa::plan_options popt{o.granule, o.max_plan_bytes};
+  fast_planner<Topo> fast = make_fast_planner(o, topo);
+  fa::planner<Topo, fa::spread_out_decomposer> spread(topo, popt);
+  fa::planner<Topo, fa::direct_decomposer> direct(topo, popt);
+  fa::plan fast_plan, spread_plan, direct_plan;
+  const fa::cost_params cp{o.alpha_s};
+
+  std::ofstream report;
+  if (!o.report_path.empty()) {
+    report.open(o.report_path, std::ios::binary | std::ios::trunc);
+    if (!report) throw fa::error("cannot open report file '" + o.report_path + "' for writing");
+  }
+
+  const workload w = load_workload(o, n);
+  // The header is printed with the first row, which follows the first verified plan: input that
+  // fails to plan leaves nothing on stdout but the error on stderr.
+  const auto print_preamble = [&] {
+    std::cout << "# fasta2a plan: " << topo.servers() << " servers x " << topo.gpus_per_server()
+              << " GPUs, scale-up " << fa::to_string(topo.scaleup())
+              << strf(" %g GB/s", topo.scaleup_bandwidth() / 1e9)
+              << (topo.scaleup() == fa::scaleup_kind::switch_fabric ? " per port" : " per pair")
+              << strf(", NIC %g GB/s", topo.scaleout_bandwidth() / 1e9) << "; decomposer " << o.decomposer
+              << ", granule " << o.granule << " B, alpha " << strf("%g", o.alpha_s * 1e6) << " us\n"
+              << "# input: " << input_description(o) << "\n"
+              << "# LB, FAST, spread-out, direct: alpha-beta MODEL predictions, not measurements; "
+              << "synth: measured wall time of planning, median of " << o.repeat << "\n";
+    print_header(std::cout);
+  };
+
+  std::vector<double> direct_over_fast, fast_over_lb, synth, synth_rank;
+  for (std::size_t k = 0; k < w.matrices.size(); ++k) {
+    const fa::traffic_matrix& t = w.matrices[k];
+    const bool first = k == 0;
+    const bool draw = first && !o.svg_path.empty();
+
+    row r;
+    r.synthesis_us = std::visit(
+        [&](auto& p) {
+          r.synthesis_rank_us = timed_make(p, t, fast_plan, o.repeat, 0);
+          const double us = timed_make(p, t, fast_plan, o.repeat);
+          using D = typename decomposer_of<std::remove_cvref_t<decltype(p)>>::type;
+          check_plan<D>(fast_plan, t, "FAST");
+          return us;
+        },
+        fast);
+    spread.make_into(t, spread_plan);
+    check_plan<fa::spread_out_decomposer>(spread_plan, t, "spread-out");
+    direct.make_into(t, direct_plan);
+    check_plan<fa::direct_decomposer>(direct_plan, t, "direct");
+
+    const fa::prediction pf = fa::predict(topo, fast_plan, cp, draw);
+    const fa::prediction pd = fa::predict(topo, direct_plan, cp, draw);
+    const fa::prediction ps = fa::predict(topo, spread_plan, cp);
+    r.index = w.first_index + k;
+    r.ranks = n;
+    r.servers = topo.servers();
+    r.gpus = topo.gpus_per_server();
+    r.bytes = fast_plan.total_bytes;
+    r.stages = fast_plan.stages();
+    r.scaleup_bytes = fast_plan.scaleup_bytes;
+    r.decomposer = fast_plan.decomposer;
+    r.choice = fast_plan.choice;
+    for (bytes_t b : fast_plan.staging_bytes) {
+      r.staging_max = std::max(r.staging_max, b);
+      r.staging_sum += static_cast<long double>(b);
+    }
+    r.lower_bound_s = fa::lower_bound(topo, t).overall_s();
+    r.fast_s = pf.total_s;
+    r.spread_s = ps.total_s;
+    r.direct_s = pd.total_s;
+
+    if (first && !o.json_path.empty()) {
+      std::ostringstream json;
+      fa::write_plan_json(json, fast_plan);
+      write_file(o.json_path, json.str(), "JSON");
+    }
+    if (draw) {
+      std::ostringstream svg;
+      fa::timeline_style style;
+      style.fast_label = "FAST (" + o.decomposer + ")";
+      style.note = "Input: " + input_description(o) + strf("; alpha %g us per stage, ", o.alpha_s * 1e6) +
+                   strf("NIC %g GB/s, scale-up %g GB/s (%s).", topo.scaleout_bandwidth() / 1e9,
+                        topo.scaleup_bandwidth() / 1e9, fa::to_string(topo.scaleup()));
+      const std::string what =
+          o.input == input_kind::matrix ? "matrix " + std::to_string(r.index) : input_description(o);
+      const std::string title =
+          "fasta2a timeline: " + what + strf(" on %d servers x %d GPUs", r.servers, r.gpus);
+      fa::write_timeline_svg(svg, title, pf, pd, n, topo.gpus_per_server(), r.lower_bound_s, style);
+      write_file(o.svg_path, svg.str(), "SVG");
+    }
+
+    if (first) print_preamble();
+    print_row(std::cout, r);
+    if (!r.choice.empty()) std::cout << "#   matrix " << r.index << " uses " << r.decomposer << ": " << r.choice << "\n";
+    if (report.is_open()) {
+      write_report_line(report, r);
+      if (!report) throw fa::error("cannot write report file '" + o.report_path + "'");
+    }
+    direct_over_fast.push_back(ratio(r.direct_s, r.fast_s));
+    fast_over_lb.push_back(ratio(r.fast_s, r.lower_bound_s));
+    synth.push_back(r.synthesis_us);
+    synth_rank.push_back(r.synthesis_rank_us);
+  }
+  if (report.is_open()) {
+    report.flush();
+    if (!report) throw fa::error("cannot write report file '" + o.report_path + "'");
+  }
+  if (o.all) {
+    // NaN when no matrix moved a byte (every ratio undefined).
+    const auto times = [](double x) { return std::isfinite(x) ? strf("%.3fx", x) : std::string("n/a"); };
+    std::cout << "# summary over " << w.matrices.size() << " matrices (medians): direct/FAST "
+              << times(finite_median(direct_over_fast)) << ", FAST/LB " << times(finite_median(fast_over_lb))
+              << " (model); synthesis " << strf("%.1f us", median(synth)) << " whole plan, "
+              << strf("%.1f us", median(synth_rank)) << " rank 0's part\n";
+  }
+  std::cout.flush();
+  return 0;
+}
+
+} // namespace
+
+/// Eight GPUs per server is the common server: plan it with the compile-time-sized topology,
+/// whose per-server loops unroll; any other size takes the runtime-sized one.
+int plan_command(const options& o) {
+  if (o.gpus == 8) return plan_on(fa::fixed_topology<8>(o.servers, o.links), o);
+  return plan_on(fa::two_tier_topology(o.servers, o.gpus, o.links), o);
+}
+
+} // namespace cli

@@ -1,0 +1,62 @@
+// fasta2a CLI: what the commands print and write: number formatting, the `fasta2a plan` table and
+// its report lines (JSON, one object per matrix), statistics over matrices, output files.
+#pragma once
+
+#include <fasta2a/common.hpp>
+
+#include <cstddef>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace cli {
+
+namespace fa = fasta2a;
+using fasta2a::bytes_t;
+using fasta2a::rank_t;
+
+/// Bytes per MiB, for tables.
+inline constexpr double mib = 1024.0 * 1024.0;
+
+/// printf into a std::string: the tables need fixed-width numbers, and g++ 12 has no <format>.
+/// Output past 511 bytes is cut.
+[[gnu::format(printf, 1, 2)]] std::string strf(const char* fmt, ...);
+
+/// The median, or NaN for no values.
+double median(std::vector<double> v);
+
+/// The median of the finite values (NaN ratios of empty matrices left out), or NaN if none is.
+double finite_median(const std::vector<double>& v);
+
+/// a / b, or NaN (left out of medians, null in reports) when b is zero: an empty matrix has no
+/// meaningful speed-up.
+double ratio(double a, double b);
+
+/// Writes `text` to `path`, or throws fasta2a::error naming the file (`what`: "JSON", "SVG").
+void write_file(const std::string& path, const std::string& text, const char* what);
+
+/// What one matrix's row of the `fasta2a plan` table (and line of its report) holds.
+struct row {
+  std::size_t index = 0;
+  rank_t ranks = 0;
+  int servers = 0, gpus = 0;
+  bytes_t bytes = 0;
+  std::size_t stages = 0;
+  bytes_t scaleup_bytes = 0;
+  bytes_t staging_max = 0;     // the largest per-rank staging buffer
+  long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
+  double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
+  std::string decomposer, choice; // which schedule the FAST plan uses, and why (adaptive choices)
+};
+
+/// The two header lines of the `fasta2a plan` table.
+void print_header(std::ostream& os);
+
+/// One row of the `fasta2a plan` table.
+void print_row(std::ostream& os, const row& r);
+
+/// One line of `fasta2a plan --report`: a JSON object of the row's figures (keys documented in
+/// plan_usage), then a newline.
+void write_report_line(std::ostream& os, const row& r);
+
+} // namespace cli

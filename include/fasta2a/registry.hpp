@@ -1,0 +1,108 @@
+// fasta2a: decomposers by name. A runtime that takes its decomposer from configuration (a flag, an
+// environment variable, a config file) turns the name into a type here, in one place, and then
+// instantiates its planner or engine with that type: the rest of the program stays generic.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+#include "fasta2a/common.hpp"
+#include "fasta2a/decompose.hpp"
+#include "fasta2a/fewer_stages.hpp"
+
+namespace fasta2a {
+
+/// What the decomposers that weigh stages against bytes need to know of the network. The others
+/// (birkhoff, bottleneck, spread-out, direct) ignore it.
+struct decomposer_params {
+  /// Cost of one stage's synchronisation, in seconds (as cost_params::alpha_s): "quantized" chooses
+  /// its quantum with it, "best" adds it per stage when it compares its members.
+  double alpha_s = 10e-6;
+  /// One NIC's bandwidth in bytes per second (Topology::scaleout_bandwidth()).
+  double scaleout_bytes_per_s = 50e9;
+  /// How "quantized" (alone or as a member of "best") chooses its quantum per matrix. The default,
+  /// the closed form, costs one decomposition, which suits planning on every call; search tries
+  /// several quanta and costs several.
+  quantum_rule quantum = quantum_rule::formula;
+};
+
+/// The decomposer named "best": whichever of birkhoff, bottleneck, quantized and spread-out the
+/// scale-out model predicts fastest for each matrix (best_of_decomposer).
+using best_decomposer =
+    best_of_decomposer<birkhoff_decomposer, bottleneck_decomposer, quantized_decomposer, spread_out_decomposer>;
+
+/// Every decomposer with_decomposer can make, in the order of decomposer_names(): a runtime can
+/// build a std::variant of its planners or engines over these types.
+using registered_decomposers = std::tuple<birkhoff_decomposer, bottleneck_decomposer, quantized_decomposer,
+                                          spread_out_decomposer, direct_decomposer, best_decomposer>;
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 6> decomposer_name_table{"birkhoff", "bottleneck", "quantized",
+                                                                       "spread-out", "direct", "best"};
+static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decomposers>,
+              "every registered decomposer has one name, and every name one decomposer");
+
+} // namespace detail
+
+/// The names with_decomposer accepts, in a fixed order: "birkhoff" (exact, the paper's
+/// decomposition), "bottleneck" (exact, fewer stages), "quantized" (weights in multiples of a
+/// quantum: bounded padding, far fewer stages), "spread-out" and "direct" (the baselines), "best".
+/// The i-th name makes the i-th type of registered_decomposers.
+inline std::span<const std::string_view> decomposer_names() noexcept { return detail::decomposer_name_table; }
+
+/// The names joined by `separator` ("birkhoff, bottleneck, ..."): for help texts and messages.
+inline std::string decomposer_names_text(std::string_view separator = ", ") {
+  std::string s;
+  for (std::string_view n : decomposer_names()) {
+    if (!s.empty()) s += separator;
+    s += n;
+  }
+  return s;
+}
+
+/// Whether `name` is one of decomposer_names() (exactly: names are case-sensitive).
+inline bool is_decomposer_name(std::string_view name) noexcept {
+  for (std::string_view n : decomposer_names())
+    if (n == name) return true;
+  return false;
+}
+
+/// Calls `f` once with the decomposer named `name`, a fresh value (a prvalue) configured from `p`,
+/// and returns what `f` returns. `f` must accept every type of registered_decomposers and return
+/// the same type for all of them (a generic lambda that builds a planner into a std::variant, say,
+/// or that runs an engine and returns its figures):
+///
+///     const plan p = with_decomposer(name, {.alpha_s = 20e-6, .scaleout_bytes_per_s = 50e9},
+///         [&](auto dec) { return planner<Topo, decltype(dec)>(topo, {}, std::move(dec)).make(t); });
+///
+/// Throws fasta2a::error, before calling `f`, for a name that is not one of decomposer_names()
+/// (the message lists them) and for parameters that cannot be a network: alpha_s must be finite and
+/// at least 0, scaleout_bytes_per_s finite and positive.
+template <class F>
+decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p, F&& f) {
+  if (!is_decomposer_name(name))
+    throw error("unknown decomposer '" + std::string(name) + "' (the decomposers are " + decomposer_names_text() +
+                ")");
+  if (!(std::isfinite(p.alpha_s) && p.alpha_s >= 0))
+    throw error("decomposer_params::alpha_s must be a finite number of seconds, at least 0, got " +
+                std::to_string(p.alpha_s));
+  if (!(std::isfinite(p.scaleout_bytes_per_s) && p.scaleout_bytes_per_s > 0))
+    throw error("decomposer_params::scaleout_bytes_per_s must be a finite, positive bandwidth, got " +
+                std::to_string(p.scaleout_bytes_per_s));
+  if (name == "birkhoff") return std::forward<F>(f)(birkhoff_decomposer{});
+  if (name == "bottleneck") return std::forward<F>(f)(bottleneck_decomposer{});
+  if (name == "spread-out") return std::forward<F>(f)(spread_out_decomposer{});
+  if (name == "direct") return std::forward<F>(f)(direct_decomposer{});
+  const auto quantized = [&] { return quantized_decomposer(p.alpha_s, p.scaleout_bytes_per_s, p.quantum); };
+  if (name == "quantized") return std::forward<F>(f)(quantized());
+  return std::forward<F>(f)(best_decomposer(p.alpha_s, p.scaleout_bytes_per_s, birkhoff_decomposer{},
+                                            bottleneck_decomposer{}, quantized(), spread_out_decomposer{}));
+}
+
+} // namespace fasta2a
