@@ -81,6 +81,8 @@ transport and buffers, and beside the plan's model figures.
   --iters N               timed calls per matrix (default 5)
   --rail-window W         rail stages a rank may have in flight (engine_options::rail_window,
                           default 5)
+  --dump-program RANK     print rank RANK's program of the first call of each matrix (its
+                          copies, coalesced puts, expects, signals and waits, per stage)
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, staging_bytes, call_s, direct_call_s, speedup, plan_s, exchange_s,
                           execute_s, predicted_s, predicted_direct_s, lower_bound_s, bytes_checked
@@ -184,7 +186,8 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     if (!given.insert(std::string(flag)).second)
       throw fa::error("option " + std::string(flag) + " given more than once");
     const bool run_only =
-        flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window";
+        flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window" ||
+        flag == "--dump-program";
     const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
@@ -260,6 +263,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       o.transport = std::string(v);
     } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rail-window") o.rail_window = static_cast<std::size_t>(parse_positive_int(flag, value()));
+    else if (flag == "--dump-program") o.dump_program = static_cast<int>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
     else if (flag == "--compare-mpi") {
       no_value();
       o.compare_mpi = true;

@@ -65,6 +65,8 @@ struct options {
   unsigned iters = 5;
   std::size_t rail_window = fa::engine_options{}.rail_window;
   bool compare_mpi = false;
+  /// --dump-program RANK: print that rank's rank program of the first call (-1: none).
+  int dump_program = -1;
 };
 
 /// Parses the arguments of `fasta2a plan` (or, with `run`, of `fasta2a run`). Returns nothing

@@ -44,7 +44,7 @@ struct run_figures {
 /// Runs `iters` timed calls (after one warm-up) of the engine with decomposer D on the host
 /// transport, every rank a thread, and checks every received byte of every call.
 template <fa::Decomposer D, fa::Topology Topo>
-run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const options& o, D dec = D()) {
+run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const options& o, D dec = D(), bool dump = false) {
   using clock = std::chrono::steady_clock;
   const rank_t n = topo.ranks();
   const unsigned calls = o.iters + 1;
@@ -73,6 +73,7 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
           eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
           stop[c * n + r] = clock::now();
           if (r == 0) stats[c] = eng.last_stats();
+          if (dump && c == 0 && r == o.dump_program) eng.last_program().print(std::cout);
           check_delivery(l, recv, r, c);
           checked += l.recv_bytes;
           sync.arrive_and_wait(); // nobody refills while another rank still checks
@@ -136,7 +137,7 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const run_figures fast =
-        fa::with_decomposer(o.decomposer, dp, [&](auto dec) { return run_host(topo, t, o, dec); });
+        fa::with_decomposer(o.decomposer, dp, [&](auto dec) { return run_host(topo, t, o, dec, true); });
     const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
     const fa::plan_options popt{o.granule, o.max_plan_bytes};
     const double model_fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
@@ -174,6 +175,8 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
 } // namespace
 
 int run_host_command(const options& o) {
+  if (o.dump_program >= o.servers * o.gpus)
+    throw fa::error("--dump-program " + std::to_string(o.dump_program) + " is not a rank of " + std::to_string(o.servers) + " x " + std::to_string(o.gpus));
   if (o.gpus == 8) return run_on(fa::fixed_topology<8>(o.servers, o.links), o);
   return run_on(fa::two_tier_topology(o.servers, o.gpus, o.links), o);
 }

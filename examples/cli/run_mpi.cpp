@@ -57,7 +57,7 @@ bytes_t sum_over_ranks(bytes_t x) {
 /// every received byte of every call checked; with `compare`, MPI_Alltoallv too.
 template <fa::Decomposer D>
 mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_matrix& t, const options& o,
-                           bool compare, D dec = D()) {
+                           bool compare, D dec = D(), bool dump = false) {
   using clock = std::chrono::steady_clock;
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -80,6 +80,7 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
     eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
     const double s = slowest_rank(std::chrono::duration<double>(clock::now() - start).count());
     if (c > 0) calls.emplace_back(s, eng.last_stats());
+    if (dump && c == 0 && me == o.dump_program) eng.last_program().print(std::cout);
     check_delivery(l, recv, me, c);
     checked += l.recv_bytes;
   }
@@ -156,7 +157,7 @@ int run_mpi_command(const options& o) {
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const mpi_figures fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
-      return run_mpi_engine(topo, t, o, o.compare_mpi, dec);
+      return run_mpi_engine(topo, t, o, o.compare_mpi, dec, true);
     });
     const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(topo, t, o, false);
     all_checked += fast.checked + direct.checked;
