@@ -34,9 +34,7 @@ struct host_world {
         try {
           fasta2a::host_bootstrap boot(fabric, r);
           fasta2a::host_transport base(fabric, r);
-          fasta2a::testing::probe pr;
-          pr.max_delay = max_delay();
-          pr.rng.seed(static_cast<std::uint64_t>(r) * 7919u + DelayUs);
+          fasta2a::testing::probe pr = fasta2a::testing::delaying_probe(max_delay(), static_cast<std::uint64_t>(r) * 7919u + DelayUs);
           fasta2a::testing::probed_transport<fasta2a::host_transport> tr(base, pr);
           f(r, boot, tr, pr);
         } catch (const std::exception& e) {

@@ -16,32 +16,15 @@
 #include <fasta2a/host.hpp>
 #include <fasta2a/pattern.hpp>
 
+#include "conformance/engine_checks.hpp"
 #include "conformance/wrappers.hpp"
 
 using namespace fasta2a;
 
 namespace {
 
-struct layout {
-  std::vector<std::uint64_t> send_counts, send_displs, recv_counts, recv_displs;
-  std::size_t send_elems = 0, recv_elems = 0;
-};
-
-// Rank r's counts and displacements (in elements) for traffic t (in bytes, multiples of elem).
-// Gaps between messages make sure nothing is written where it should not be.
-layout layout_of(const traffic_matrix& t, rank_t r, std::size_t elem, std::uint64_t gap) {
-  const rank_t n = static_cast<rank_t>(t.rows());
-  layout l;
-  for (rank_t j = 0; j < n; ++j) {
-    l.send_displs.push_back(l.send_elems);
-    l.send_counts.push_back(t(r, j) / elem);
-    l.send_elems += t(r, j) / elem + gap;
-    l.recv_displs.push_back(l.recv_elems);
-    l.recv_counts.push_back(t(j, r) / elem);
-    l.recv_elems += t(j, r) / elem + gap;
-  }
-  return l;
-}
+using layout = testing::engine_layout;
+constexpr auto layout_of = testing::engine_layout_of;
 
 // Runs one engine per thread for every matrix in `calls` (the same engines across calls) and
 // checks every byte of every receive buffer, including that the gaps stay untouched.
@@ -60,27 +43,7 @@ void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, s
         host_transport tr(fabric, r);
         engine<Topo, host_bootstrap, host_transport, host_transport, D> eng(topo, boot, tr, tr, opt);
         for (const traffic_matrix& t : calls) {
-          const layout l = layout_of(t, r, elem, 3);
-          std::vector<std::byte> send(l.send_elems * elem), recv(l.recv_elems * elem, std::byte{0xEE});
-          for (rank_t j = 0; j < n; ++j)
-            fill_pattern(std::span(send).subspan(l.send_displs[j] * elem, t(r, j)), r, j);
-          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs, elem);
-          std::vector<char> written(recv.size(), 0);
-          for (rank_t i = 0; i < n; ++i)
-            for (std::uint64_t b = 0; b < t(i, r); ++b) {
-              const std::size_t at = l.recv_displs[i] * elem + b;
-              written[at] = 1;
-              if (recv[at] != pattern_byte(i, r, b)) {
-                errors[r] = "rank " + std::to_string(r) + ": byte " + std::to_string(b) + " from rank " +
-                            std::to_string(i) + " is wrong";
-                return;
-              }
-            }
-          for (std::size_t k = 0; k < recv.size(); ++k)
-            if (!written[k] && recv[k] != std::byte{0xEE}) {
-              errors[r] = "rank " + std::to_string(r) + ": byte " + std::to_string(k) + " outside every message was written";
-              return;
-            }
+          testing::engine_call_checked(eng, t, r, elem);
           checked += static_cast<long>(t.col(r).sum());
         }
       } catch (const std::exception& e) {
@@ -97,19 +60,7 @@ void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, s
   CHECK(checked.load() == expected);
 }
 
-traffic_matrix skewed(rank_t n, std::mt19937_64& rng, bytes_t elem) {
-  switch (rng() % 4) {
-  case 0: return zipf_traffic(n, 1.2, elem * (1 + rng() % 2000), rng(), elem);
-  case 1: return hotspot_traffic(n, 1 + static_cast<rank_t>(rng() % n), 0.8, elem * (1 + rng() % 2000), rng(), elem);
-  case 2: return lognormal_traffic(n, 1.0, elem * (1 + rng() % 2000), rng(), elem);
-  default: {
-    traffic_matrix t = zipf_traffic(n, 0.8, elem * 512, rng(), elem);
-    t.row(static_cast<rank_t>(rng() % n)).setZero(); // a rank that sends nothing
-    t.col(static_cast<rank_t>(rng() % n)).setZero(); // a rank that receives nothing
-    return t;
-  }
-  }
-}
+traffic_matrix skewed(rank_t n, std::mt19937_64& rng, bytes_t elem) { return testing::skewed_traffic(n, rng, elem); }
 
 } // namespace
 

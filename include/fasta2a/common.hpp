@@ -39,6 +39,36 @@ public:
   using error::error;
 };
 
+namespace detail {
+
+/// The length of the well-formed UTF-8 sequence at text[i] (a byte >= 0x80), or 0 if there is none:
+/// the shortest-form rules of RFC 3629, where the second byte's range depends on the lead byte,
+/// which rules out overlong forms, surrogates and code points past U+10FFFF.
+inline std::size_t utf8_sequence_length(std::string_view text, std::size_t i) noexcept {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) len = 2;
+  else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  }
+  if (len == 0 || text.size() - i < len) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const unsigned char b = byte(i + k);
+    if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return 0;
+  }
+  return len;
+}
+
+} // namespace detail
+
 /// A byte count as tools take it on their command lines: a non-negative integer with an optional
 /// K, M, G or KiB, MiB, GiB suffix (powers of 1024). Throws fasta2a::error naming `what` (an
 /// option's name, say) for anything else, for digits past 64 bits and for a product that

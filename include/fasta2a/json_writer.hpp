@@ -66,26 +66,9 @@ inline void append_json_string(std::string& out, std::string_view text) {
       ++i;
       continue;
     }
-    // One multi-byte sequence, checked by the shortest-form rules of RFC 3629: the second byte's
-    // range depends on the lead byte, which rules out overlong forms, surrogates and code points
-    // past U+10FFFF.
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    bool ok = len > 0 && text.size() - i >= len;
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      const unsigned char b = byte(i + k);
-      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
-    }
+    // One multi-byte sequence, copied if well-formed.
+    const std::size_t len = detail::utf8_sequence_length(text, i);
+    const bool ok = len > 0;
     if (ok) {
       out.append(text.data() + i, len);
       i += len;

@@ -34,7 +34,6 @@ inline std::string xml_escape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
-  const auto continuation = [&](std::size_t i) { return i < text.size() && (byte(i) & 0xC0) == 0x80; };
   for (std::size_t i = 0; i < text.size();) {
     const unsigned char c = byte(i);
     if (c < 0x80) {
@@ -49,22 +48,8 @@ inline std::string xml_escape(std::string_view text) {
       ++i;
       continue;
     }
-    // The shortest-form rules of UTF-8: the second byte's range depends on the lead byte, which
-    // rules out overlong forms, surrogates and code points past U+10FFFF.
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    bool valid = len > 0 && i + 1 < text.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
-    for (std::size_t k = 2; valid && k < len; ++k) valid = continuation(i + k);
+    const std::size_t len = detail::utf8_sequence_length(text, i);
+    bool valid = len > 0;
     // U+FFFE and U+FFFF are UTF-8 but not XML characters.
     if (valid && len == 3 && c == 0xEF && byte(i + 1) == 0xBF && byte(i + 2) >= 0xBE) valid = false;
     if (!valid) {

@@ -36,6 +36,14 @@ struct probe {
   }
 };
 
+/// A probe that pauses up to max_delay before half of the operations, its delays drawn from `seed`.
+inline probe delaying_probe(std::chrono::microseconds max_delay, std::uint64_t seed) {
+  probe p;
+  p.max_delay = max_delay;
+  p.rng.seed(seed);
+  return p;
+}
+
 /// A Transport that forwards to `T` and consults a probe.
 template <Transport T>
 class probed_transport {

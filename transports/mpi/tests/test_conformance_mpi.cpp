@@ -4,6 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "mpi_doctest_main.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -41,9 +43,7 @@ struct mpi_world {
     try {
       fasta2a::mpi_bootstrap boot(MPI_COMM_WORLD, {.timeout = timeout});
       fasta2a::mpi_transport base(MPI_COMM_WORLD, {.flush_timeout = timeout, .max_message_bytes = chunk});
-      fasta2a::testing::probe pr;
-      pr.max_delay = max_delay();
-      pr.rng.seed(static_cast<std::uint64_t>(me) * 7919u + DelayUs);
+      fasta2a::testing::probe pr = fasta2a::testing::delaying_probe(max_delay(), static_cast<std::uint64_t>(me) * 7919u + DelayUs);
       fasta2a::testing::probed_transport<fasta2a::mpi_transport> tr(base, pr);
       f(me, boot, tr, pr);
     } catch (const std::exception& e) {
@@ -65,23 +65,4 @@ struct mpi_world {
 
 TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, mpi_world<0>, mpi_world<100>);
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  doctest::Context ctx(argc, argv);
-  if (rank != 0) {
-    ctx.setOption("minimal", true);
-    ctx.setOption("no-colors", true);
-  }
-  int result = ctx.run();
-  if (ctx.shouldExit()) {
-    MPI_Finalize();
-    return result;
-  }
-  int worst = 0;
-  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && worst != 0 && result == 0) std::fprintf(stderr, "test_conformance_mpi: another rank failed\n");
-  MPI_Finalize();
-  return worst;
-}
+int main(int argc, char** argv) { return run_doctest_under_mpi(argc, argv, "test_conformance_mpi"); }

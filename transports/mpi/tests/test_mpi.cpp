@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "mpi_doctest_main.hpp"
+
 #include <fasta2a/engine.hpp>
 #include <fasta2a/mpi.hpp>
 #include <fasta2a/pattern.hpp>
@@ -642,24 +644,4 @@ TEST_CASE("engine over MPI.receive counts that disagree with the senders are an 
 // main: MPI around doctest; the exit status is the worst of all ranks.
 // ---------------------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  doctest::Context ctx(argc, argv);
-  // One report is enough when all agree; the other ranks print only their failures.
-  if (rank != 0) {
-    ctx.setOption("minimal", true);
-    ctx.setOption("no-colors", true);
-  }
-  int result = ctx.run();
-  if (ctx.shouldExit()) {
-    MPI_Finalize();
-    return result;
-  }
-  int worst = 0;
-  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && worst != 0 && result == 0) std::fprintf(stderr, "test_mpi: another rank failed\n");
-  MPI_Finalize();
-  return worst;
-}
+int main(int argc, char** argv) { return run_doctest_under_mpi(argc, argv, "test_mpi"); }
