@@ -366,6 +366,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
                     " applies to the generators only, not to --matrix");
   if (have_share && o.input != input_kind::hotspot) throw fa::error("--hot-share applies to --hotspot only");
   if (o.all && have_index) throw fa::error("--all and --index cannot be combined: --all plans every matrix");
+  o.links.scaleout_alpha = o.alpha_us * 1e-6; // the topology's scale-out model (fa::scaleout_of)
   return o;
 }
 
@@ -412,16 +413,15 @@ template <class Topo, class D> struct decomposer_of<fa::planner<Topo, D>> { usin
 using best_decomposer = fa::best_of_decomposer<fa::birkhoff_decomposer, fa::bottleneck_decomposer,
                                                 fa::quantized_decomposer, fa::spread_out_decomposer>;
 
-/// Calls f with the decomposer named on the command line, configured with --alpha and the
-/// topology's NIC bandwidth where it models time: the one place a name becomes a type.
+/// Calls f with the decomposer named on the command line, configured with the topology's
+/// scale-out model (--alpha, NIC bandwidth) where it models time: the one place a name becomes a type.
 template <class F>
-decltype(auto) with_decomposer(const options& o, double scaleout_bytes_per_s, F&& f) {
-  const double alpha = o.alpha_us * 1e-6;
-  const fa::quantized_decomposer quantized(alpha, scaleout_bytes_per_s, fa::quantum_rule::formula);
+decltype(auto) with_decomposer(const options& o, const fa::scaleout_model& net, F&& f) {
+  const fa::quantized_decomposer quantized(net, fa::quantum_rule::formula);
   if (o.decomposer == "bottleneck") return f(fa::bottleneck_decomposer{});
   if (o.decomposer == "quantized") return f(quantized);
   if (o.decomposer == "best")
-    return f(best_decomposer(alpha, scaleout_bytes_per_s, fa::birkhoff_decomposer{}, fa::bottleneck_decomposer{},
+    return f(best_decomposer(net, fa::birkhoff_decomposer{}, fa::bottleneck_decomposer{},
                              quantized, fa::spread_out_decomposer{}));
   if (o.decomposer == "spread-out") return f(fa::spread_out_decomposer{});
   if (o.decomposer == "direct") return f(fa::direct_decomposer{});
@@ -451,7 +451,7 @@ using fast_planner =
 
 template <fa::Topology Topo>
 fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
-  return with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) -> fast_planner<Topo> {
+  return with_decomposer(o, fa::scaleout_of(topo), [&](auto dec) -> fast_planner<Topo> {
     return fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec);
   });
 }
@@ -854,10 +854,10 @@ template <fa::Topology Topo> int run_command(const Topo& topo, const options& o)
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const run_figures fast =
-        with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) { return run_host(topo, t, o, dec); });
+        with_decomposer(o, fa::scaleout_of(topo), [&](auto dec) { return run_host(topo, t, o, dec); });
     const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
     const fa::plan_options popt{o.granule, o.max_plan_bytes};
-    const double model_fast = with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) {
+    const double model_fast = with_decomposer(o, fa::scaleout_of(topo), [&](auto dec) {
       return fa::predict(topo, fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec).make(t), cp).total_s;
     });
     const double model_direct = fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s;
@@ -1023,7 +1023,7 @@ int run_mpi_command(const options& o) {
   bytes_t all_checked = 0, all_compared = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
-    const mpi_figures fast = with_decomposer(o, topo.scaleout_bandwidth(), [&](auto dec) {
+    const mpi_figures fast = with_decomposer(o, fa::scaleout_of(topo), [&](auto dec) {
       return run_mpi_engine(topo, t, o, o.compare_mpi, dec);
     });
     const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(topo, t, o, false);

@@ -454,7 +454,7 @@ TEST_CASE("best_of.keeps_the_stages_the_model_predicts_fastest") {
     const auto topo = h200_cluster(S);
     const auto t = zipf_traffic(S * 8, 1.0, bytes_t{1} << (12 + rng() % 16), rng(), 64);
     for (double alpha : {0.0, 5e-6, 50e-6}) {
-      planner<fixed_topology<8>, both> pl(topo, {.granule = 64}, both(alpha, topo.scaleout_bandwidth()));
+      planner<fixed_topology<8>, both> pl(topo, {.granule = 64}, both(scaleout_model{alpha, topo.scaleout_bandwidth()}));
       const plan p = pl.make(t);
       check_plan(p, t, false);
       auto scaleout = [&](const plan& q) {

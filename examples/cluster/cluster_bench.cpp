@@ -448,7 +448,7 @@ int run(int argc, char** argv) {
       results.push_back(b.run_engine<fa::birkhoff_decomposer>("fast-adaptive", {}, o.alpha_ms * 1e-3));
     else
       results.push_back(b.run_engine<fa::quantized_decomposer>(
-          "fast-quantized", fa::quantized_decomposer(o.alpha_ms * 1e-3, b_out, fa::quantum_rule::search)));
+          "fast-quantized", fa::quantized_decomposer(fa::scaleout_model{o.alpha_ms * 1e-3, b_out}, fa::quantum_rule::search)));
   }
   if (me != 0) return 0;
   double mpi_median = NAN;

@@ -26,10 +26,11 @@ struct plan_options {
   /// The planner throws plan_too_large instead of building a plan larger than this (stages,
   /// pieces and the per-rank op index together).
   std::size_t max_plan_bytes = std::size_t{2} << 30;
-  /// When set (seconds per stage), the planner also predicts direct sending (alpha + the busiest
-  /// NIC's inter-server bytes / b_out) against the staged plan's scale-out phase (a sum of alpha +
-  /// weight / b_out over its stages), and builds the direct plan when that is faster: small
-  /// messages, where stage synchronisations cost more than the skew. plan::choice says why.
+  /// When set (seconds per stage), the planner also predicts direct sending against the staged
+  /// plan's scale-out phase in the topology's scale-out model with this alpha
+  /// (scaleout_model::direct_time of the busiest NIC's inter-server bytes against stages_time of
+  /// the stages), and builds the direct plan when that is faster: small messages, where stage
+  /// synchronisations cost more than the skew. plan::choice says why.
   std::optional<double> direct_if_faster_alpha{};
 };
 
@@ -69,6 +70,7 @@ public:
   explicit planner(Topo topo, plan_options opt = {}, D dec = D())
       : topo_(std::move(topo)), opt_(opt), dec_(std::move(dec)) {
     if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
+    if (opt_.direct_if_faster_alpha) fallback_model().check("plan_options::direct_if_faster_alpha");
   }
 
   const Topo& topology() const noexcept { return topo_; }
@@ -243,20 +245,26 @@ private:
         }
   }
 
+  // The model the direct fallback compares in: the topology's, at the option's alpha.
+  scaleout_model fallback_model() const {
+    scaleout_model net = scaleout_of(topo_);
+    net.alpha_s = *opt_.direct_if_faster_alpha;
+    return net;
+  }
+
   // Direct sending instead of the stages, if the model says it is faster (plan_options).
   void choose_direct(plan& p) {
-    const double alpha = *opt_.direct_if_faster_alpha, bout = topo_.scaleout_bandwidth();
-    double staged = 0;
-    for (bytes_t w : stages_.weights) staged += alpha + static_cast<double>(w) / bout;
+    const scaleout_model net = fallback_model();
+    const double staged = net.stages_time(stages_.weights);
     const bytes_t nic = nic_.empty() ? 0 : *std::max_element(nic_.begin(), nic_.end());
-    const double direct = nic > 0 ? alpha + static_cast<double>(nic) / bout : 0.0;
+    const double direct = net.direct_time(nic);
     auto ms = [](double sec) {
       char b[32];
       std::snprintf(b, sizeof b, "%.4g ms", sec * 1e3);
       return std::string(b);
     };
     char a[32];
-    std::snprintf(a, sizeof a, "%.3g", alpha * 1e6);
+    std::snprintf(a, sizeof a, "%.3g", net.alpha_s * 1e6);
     p.choice += (p.choice.empty() ? "" : "; ") + std::string("direct ") + ms(direct) + " vs " + p.decomposer + " " +
                 std::to_string(stages_.size()) + " stages " + ms(staged) + " (scale-out model, alpha " + a + " us)";
     if (direct < staged) {
