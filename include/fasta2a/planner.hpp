@@ -182,19 +182,15 @@ private:
                            "); raise plan_options::max_plan_bytes");
   }
 
-  // Rail capacities of every server pair (phase 1's loads), M, and the staging layout. Rank
-  // (s, k)'s staging buffer holds, per destination server d in order, the bytes of rail k from s
-  // to d (the balance region), then per source server s' in order the bytes of rail k from s' to s
-  // (the receive region). A piece's slot is its region's base plus its position in that rail's
-  // stream, so any rank computes any slot without the other pairs' phase 1. Slots of pieces that
-  // need no staging (already on their rail rank) stay unused.
+  // Rail capacities of every server pair (phase 1's loads), M, and the staging layout
+  // (detail::staging_layout): a rail's capacity is exactly the bytes its stream will carry, so the
+  // layout is known before any piece is made, and a rank's view places its pieces in the same
+  // slots as the whole plan.
   void rail_layout(const traffic_matrix& t, plan& p) {
     const int S = topo_.servers(), G = gpus();
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
     m_.setZero(S, S);
     caps_.assign(SSG, 0);
-    out_base_.assign(SSG, 0);
-    in_base_.assign(SSG, 0);
     if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
     const std::size_t ld = static_cast<std::size_t>(t.cols());
     const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
@@ -226,23 +222,9 @@ private:
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
     p.total_bytes = total;
-    // Balance regions, then receive regions, per rail rank. Direct sending stages nothing.
-    p.staging_bytes.assign(SG, 0);
-    if (!D::staged) return;
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k) {
-          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
-          out_base_[i] = p.staging_bytes[s * G + k];
-          p.staging_bytes[s * G + k] += caps_[i];
-        }
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k) {
-          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
-          in_base_[i] = p.staging_bytes[d * G + k];
-          p.staging_bytes[d * G + k] += caps_[i];
-        }
+    // Direct sending stages nothing.
+    if (D::staged) layout_.build(S, G, caps_.data(), p.staging_bytes);
+    else p.staging_bytes.assign(SG, 0);
   }
 
   // The model the direct fallback compares in: the topology's, at the option's alpha.
@@ -400,8 +382,8 @@ private:
       used_[k] = 0;
       railpos_[k] = 0;
     }
-    const bytes_t* out_base = out_base_.data() + pr * G;
-    const bytes_t* in_base = in_base_.data() + pr * G;
+    const bytes_t* out_base = layout_.out_base(pr * G);
+    const bytes_t* in_base = layout_.in_base(pr * G);
     bytes_t* railpos = railpos_.data();
     const rank_t view = p.view;
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
@@ -439,8 +421,8 @@ private:
         }
         const std::int32_t st = stages[cursor[k] - 1];
         const bytes_t x = std::min(end, cum[k]) - pos;
-        piece pc{src, dst, off, x, st, k, rs == src ? no_staging : out_base[k] + pos,
-                 rd == dst ? no_staging : in_base[k] + pos};
+        piece pc{src, dst, off, x, st, k};
+        detail::staging_layout::place(pc, rs, rd, out_base[k], in_base[k], pos);
         index_.add(pc);
         p.pieces.push_back(pc);
         pos += x;
@@ -539,7 +521,8 @@ private:
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
   std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
-  std::vector<bytes_t> caps_, out_base_, in_base_; // servers x servers x G
+  std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities
+  detail::staging_layout layout_;
   std::vector<bytes_t> nic_;                        // per rank: inter-server bytes out, then in
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;
