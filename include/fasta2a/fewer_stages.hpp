@@ -349,8 +349,9 @@ public:
   }
 
   /// The quantum for m that minimises the modelled scale-out time L_q / b_out + alpha x stages(q)
-  /// (scaleout_model::phase_time in model `net`) over a ladder of candidates: q = 1 (exact) and L / 2^k for k = 2..10, each rounded down to a
-  /// power of two (so that a power-of-two granule divides it). That is the balance the padding
+  /// (scaleout_model::phase_time in model `net`) over a ladder of candidates: q = 1 (exact) and
+  /// L / 2^k for k = 2..10, each rounded down to a power of two (so that a power-of-two granule
+  /// divides it). That is the balance the padding
   /// strikes: a coarser q pays padding (at most (S - 1)(q - 1) bytes per rail, L_q / b_out) to
   /// save stages (alpha each). Stages are counted by decomposing the candidate, or bounded for
   /// large S (see exact_count_servers); a candidate whose lower bound

@@ -333,7 +333,8 @@ inline void assign_staging(plan& p) {
       continue;
     }
     const std::size_t i = key(pc);
-    staging_layout::place(pc, p.rail_source(pc), p.rail_target(pc), *layout.out_base(i), *layout.in_base(i), load[i]);
+    staging_layout::place(pc, p.rail_source(pc), p.rail_target(pc), *layout.out_base(i), *layout.in_base(i),
+                          load[i]);
     load[i] += pc.bytes;
   }
 }
