@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <fasta2a/engine.hpp>
+#include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/host.hpp>
 #include <fasta2a/pattern.hpp>
 
@@ -179,6 +180,35 @@ TEST_CASE("engine.host.ranks_with_other_options_are_refused_before_anything_move
   for (rank_t r = 0; r < n; ++r) {
     INFO(errors[r]);
     CHECK(errors[r].find(r == 3 ? "rank 0 was made with other options" : "rank 3 was made with other options") != std::string::npos);
+  }
+}
+
+TEST_CASE("engine.host.ranks_with_another_decomposer_configuration_are_refused") {
+  // Same decomposer type, another alpha on rank 1: the quantum (and so the plan) could differ.
+  const rank_t n = 4;
+  host_fabric fabric(n, std::chrono::milliseconds(5000));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  const traffic_matrix t = zipf_traffic(n, 1.0, 4096, 3);
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        host_transport tr(fabric, r);
+        const quantized_decomposer dec(scaleout_model{.alpha_s = r == 1 ? 20e-6 : 10e-6}, quantum_rule::formula);
+        engine<two_tier_topology, host_bootstrap, host_transport, host_transport, quantized_decomposer> eng(
+            two_tier_topology(2, 2), boot, tr, tr, {}, dec);
+        layout l = layout_of(t, r, 1, 0);
+        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
+        eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (rank_t r = 0; r < n; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].find("was made with other options") != std::string::npos);
   }
 }
 

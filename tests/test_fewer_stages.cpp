@@ -116,7 +116,7 @@ TEST_CASE("fewer_stages.concepts") {
   static_assert(!quantized_decomposer::exact && quantized_decomposer::staged);
   CHECK(quantized_decomposer().quantum() == 0);
   CHECK(quantized_decomposer(4096).quantum() == 4096);
-  CHECK(quantized_decomposer(20e-6, 50e9).quantum() == 0);
+  CHECK(quantized_decomposer(scaleout_model{20e-6, 50e9}).quantum() == 0);
 }
 
 TEST_CASE("bottleneck.weights_sum_to_L_and_stages_are_permutations") {
@@ -191,7 +191,7 @@ TEST_CASE("bottleneck.each_stage_is_a_maximum_bottleneck_matching_exhaustive_che
 
 TEST_CASE("quantized.weights_are_multiples_of_q_and_padding_is_bounded") {
   std::mt19937_64 rng(4242);
-  quantized_decomposer dec_auto(10e-6, 50e9);
+  quantized_decomposer dec_auto(scaleout_model{10e-6, 50e9});
   stage_list out;
   for (int iter = 0; iter < 2000; ++iter) {
     const int S = 1 + static_cast<int>(rng() % (iter % 4 == 0 ? 40 : 16));
@@ -232,7 +232,7 @@ TEST_CASE("quantized.weights_are_multiples_of_q_and_padding_is_bounded") {
     CHECK(ra.covered);
     CHECK(ra.total == quantized_decomposer::padded_line_sum(m, qa));
     for (const bytes_t w : out.weights) CHECK(w % qa == 0);
-    CHECK(qa == quantized_decomposer::choose_quantum(m, 10e-6, 50e9));
+    CHECK(qa == quantized_decomposer::choose_quantum(m, {10e-6, 50e9}));
   }
 }
 
@@ -248,7 +248,7 @@ TEST_CASE("quantized.choose_quantum_balances_padding_against_stages") {
     CAPTURE(iter);
     for (const double alpha : {0.0, 5e-6, 20e-6, 1e-3}) {
       const double b = 50e9;
-      const bytes_t q = quantized_decomposer::choose_quantum(m, alpha, b);
+      const bytes_t q = quantized_decomposer::choose_quantum(m, {alpha, b});
       CHECK(std::has_single_bit(q));
       if (L == 0) {
         CHECK(q == 1);
@@ -268,8 +268,8 @@ TEST_CASE("quantized.choose_quantum_balances_padding_against_stages") {
     }
   }
   const server_matrix m = server_matrix::Constant(3, 3, 5);
-  CHECK_THROWS_WITH_AS(quantized_decomposer::choose_quantum(m, -1.0, 50e9), doctest::Contains("alpha"), error);
-  CHECK_THROWS_WITH_AS(quantized_decomposer(1e-5, 0.0), doctest::Contains("bandwidth"), error);
+  CHECK_THROWS_WITH_AS(quantized_decomposer::choose_quantum(m, {-1.0, 50e9}), doctest::Contains("alpha"), error);
+  CHECK_THROWS_WITH_AS(quantized_decomposer(scaleout_model{1e-5, 0.0}), doctest::Contains("bandwidth"), error);
   CHECK_THROWS_WITH_AS(quantized_decomposer::padded_line_sum(m, 0), doctest::Contains("quantum"), error);
   // A quantum so large that L_q overflows is refused, not wrapped.
   server_matrix two = server_matrix::Zero(3, 3);
@@ -281,7 +281,7 @@ TEST_CASE("quantized.choose_quantum_balances_padding_against_stages") {
 TEST_CASE("fewer_stages.storage_is_reused_and_results_are_deterministic") {
   std::mt19937_64 rng(5);
   bottleneck_decomposer bn;
-  quantized_decomposer qa(20e-6, 50e9), qf(1 << 12);
+  quantized_decomposer qa(scaleout_model{20e-6, 50e9}), qf(1 << 12);
   stage_list a, b;
   for (int iter = 0; iter < 60; ++iter) {
     const server_matrix big = random_server_matrix(rng, 2 + static_cast<int>(rng() % 30));
@@ -294,7 +294,7 @@ TEST_CASE("fewer_stages.storage_is_reused_and_results_are_deterministic") {
       CHECK(a.perms == b.perms);
     };
     same(bn, bottleneck_decomposer{});
-    same(qa, quantized_decomposer(20e-6, 50e9));
+    same(qa, quantized_decomposer(scaleout_model{20e-6, 50e9}));
     same(qf, quantized_decomposer(1 << 12));
   }
   // The stage list's size limit applies to every decomposer.
@@ -330,7 +330,7 @@ TEST_CASE("planner.bottleneck_and_quantized_plans_verify") {
     planner<fixed_topology<8>, quantized_decomposer> fixed(topo, opts, quantized_decomposer(granule * 16));
     fixed.make_into(t, p);
     check_plan(p, t, false);
-    planner<fixed_topology<8>, quantized_decomposer> chosen(topo, opts, quantized_decomposer(20e-6, 50e9));
+    planner<fixed_topology<8>, quantized_decomposer> chosen(topo, opts, quantized_decomposer(scaleout_model{20e-6, 50e9}));
     chosen.make_into(t, p);
     check_plan(p, t, false);
   }
@@ -345,7 +345,7 @@ TEST_CASE("planner.megatron_all_600_matrices_with_fewer_stages") {
   planner<fixed_topology<8>> birkhoff(topo, opts);
   planner<fixed_topology<8>, bottleneck_decomposer> bottleneck(topo, opts);
   planner<fixed_topology<8>, quantized_decomposer> quantized(topo, opts, quantized_decomposer(8 * 8192));
-  planner<fixed_topology<8>, quantized_decomposer> chosen(topo, opts, quantized_decomposer(20e-6, 50e9));
+  planner<fixed_topology<8>, quantized_decomposer> chosen(topo, opts, quantized_decomposer(scaleout_model{20e-6, 50e9}));
   plan pk, pb, pq, pc;
   std::size_t sk = 0, sb = 0, sq = 0, sc = 0;
   for (const auto& m : trace) {
@@ -380,7 +380,7 @@ TEST_CASE("cost_model.fewer_stages_pay_off_as_alpha_grows") {
     check_plan(pb, t, true);
     CHECK(pb.stages() <= pk.stages());
     for (const double alpha : {0.0, 5e-6, 20e-6}) {
-      planner<fixed_topology<8>, quantized_decomposer> pl(topo, opts, quantized_decomposer(alpha, topo.scaleout_bandwidth()));
+      planner<fixed_topology<8>, quantized_decomposer> pl(topo, opts, quantized_decomposer(scaleout_model{alpha, topo.scaleout_bandwidth()}));
       const plan pq = pl.make(t);
       check_plan(pq, t, false);
       const prediction fk = predict(topo, pk, {.alpha = alpha});
@@ -401,7 +401,7 @@ TEST_CASE("cost_model.fewer_stages_pay_off_as_alpha_grows") {
 
 TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {
   std::mt19937_64 rng(31337);
-  quantized_decomposer dec; // quantum 0: the closed-form rule at alpha 10 us, 50 GB/s
+  quantized_decomposer dec; // quantum 0: the closed-form rule in the default model, 10 us, 50 GB/s
   stage_list out;
   for (int iter = 0; iter < 300; ++iter) {
     const int S = 1 + static_cast<int>(rng() % 30);
@@ -411,7 +411,7 @@ TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {
         if (i != j && rng() % 4 != 0) m(i, j) = rng() % (bytes_t{1} << (10 + rng() % 24));
     dec.decompose(m, out);
     const bytes_t q = dec.last_quantum();
-    CHECK(q == quantized_decomposer::formula_quantum(m, 10e-6, 50e9));
+    CHECK(q == quantized_decomposer::formula_quantum(m, scaleout_model{}));
     CHECK((q >= 1 && std::has_single_bit(q)));
     const coverage_report r = check_stages(m, out);
     CHECK(r.permutations);
@@ -421,5 +421,5 @@ TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {
   // alpha = 0: stages cost nothing, so no padding is worth it.
   server_matrix m = server_matrix::Constant(6, 6, 12345);
   m.diagonal().setZero();
-  CHECK(quantized_decomposer::formula_quantum(m, 0.0, 50e9) == 1);
+  CHECK(quantized_decomposer::formula_quantum(m, {0.0, 50e9}) == 1);
 }

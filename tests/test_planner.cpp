@@ -1,4 +1,5 @@
-// Properties of the FAST planner, its decomposers, the verifier and the cost model.
+// Properties of the FAST planner and its decomposers. The cost model, the verifier and the
+// topologies have their own test programs (test_cost_model, test_verify, test_topology).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -7,7 +8,7 @@
 #include <functional>
 #include <random>
 
-#include "fasta2a/cost_model.hpp"
+#include "fasta2a/cost_model.hpp" // the Megatron test compares FAST with direct sending
 #include "fasta2a/planner.hpp"
 #include "fasta2a/verify.hpp"
 
@@ -15,10 +16,7 @@ using namespace fasta2a;
 
 namespace {
 
-// Negative fixtures for the concept checks.
-struct no_rails {
-  int servers() const { return 1; }
-};
+// Negative fixture for the concept check.
 struct not_a_decomposer {
   static constexpr const char* name = "x";
   static constexpr bool staged = true;
@@ -82,32 +80,11 @@ void check_plan(const plan& p, const traffic_matrix& t, bool exact) {
 
 } // namespace
 
-TEST_CASE("concepts.topology_and_decomposer_fixtures") {
-  static_assert(Topology<two_tier_topology>);
-  static_assert(Topology<fixed_topology<4>>);
-  static_assert(!Topology<no_rails>);
-  static_assert(!Topology<int>);
+TEST_CASE("concepts.decomposer_fixtures") {
   static_assert(Decomposer<birkhoff_decomposer>);
   static_assert(Decomposer<spread_out_decomposer>);
   static_assert(Decomposer<direct_decomposer>);
   static_assert(!Decomposer<not_a_decomposer>);
-  static_assert(static_gpus_v<fixed_topology<8>> == 8 && static_gpus_v<two_tier_topology> == 0);
-  CHECK(h200_cluster(2).scaleup() == scaleup_kind::switch_fabric);
-  CHECK(mi300x_cluster(2).scaleup() == scaleup_kind::mesh);
-  CHECK(h200_cluster(3).ranks() == 24);
-}
-
-TEST_CASE("topology.rank_mapping_is_server_major") {
-  two_tier_topology t(5, 3);
-  for (rank_t r = 0; r < t.ranks(); ++r) {
-    CHECK(t.rank_of(t.server_of(r), t.local_of(r)) == r);
-    CHECK(t.local_of(r) == r % 3);
-  }
-  CHECK_THROWS_WITH_AS(two_tier_topology(0, 8), doctest::Contains("at least one server"), error);
-  CHECK_THROWS_WITH_AS(two_tier_topology(4, 0), doctest::Contains("at least one GPU"), error);
-  CHECK_THROWS_WITH_AS(fixed_topology<8>(0), doctest::Contains("at least one server"), error);
-  CHECK_THROWS_WITH_AS(two_tier_topology(2, 2, link_model{scaleup_kind::mesh, 0, 1}),
-                       doctest::Contains("bandwidths"), error);
 }
 
 TEST_CASE("birkhoff.stages_are_permutations_summing_to_L") {
@@ -337,72 +314,6 @@ TEST_CASE("planner.bad_input_is_refused_with_a_clear_error") {
                        doctest::Contains("size limit"), plan_too_large);
 }
 
-TEST_CASE("verify.catches_broken_plans") {
-  const auto t = zipf_traffic(32, 1.0, 1 << 16, 5);
-  const plan good = make_plan(h200_cluster(4), t);
-  check_plan(good, t, true);
-  auto broken = [&](auto&& edit, const char* what) {
-    plan p = good;
-    edit(p);
-    const verify_result r = verify(p, t, {.exact_lower_bound = true});
-    INFO(std::string(what), " <- ", r.error);
-    CHECK_FALSE(r.ok);
-    CHECK(r.error.find(what) != std::string::npos);
-  };
-  const std::size_t inter = static_cast<std::size_t>(
-      std::find_if(good.pieces.begin(), good.pieces.end(), [](const piece& p) { return p.rail >= 0 && p.bytes > 1; }) -
-      good.pieces.begin());
-  broken([&](plan& p) { p.pieces[inter].bytes -= 1; }, "the matrix says");
-  std::size_t split = 0; // first piece of a message with several pieces
-  while (split + 1 < good.pieces.size() &&
-         !(good.pieces[split].src == good.pieces[split + 1].src && good.pieces[split].dst == good.pieces[split + 1].dst))
-    ++split;
-  REQUIRE(split + 1 < good.pieces.size());
-  broken([&](plan& p) { p.pieces[split].bytes -= 1; }, "gap");
-  broken([&](plan& p) {
-    auto perm = p.stage_perm.begin();
-    for (int a = 0; a < p.servers; ++a)
-      for (int b = 0; b < p.servers; ++b)
-        if (a != b && perm[a] >= 0 && perm[a] != b && perm[b] != perm[a]) {
-          perm[b] = perm[a];
-          return;
-        }
-  }, "receives from two");
-  broken([&](plan& p) { p.stage_weight[0] -= 1; }, "carries");
-  broken([&](plan& p) { p.pieces[inter].stage = (p.pieces[inter].stage + 1) % static_cast<int>(p.stages()); }, "in which server");
-  broken([&](plan& p) { p.stage_weight.back() += 1 << 20; p.stage_weight[0] += 0; }, "above the lower bound");
-  broken([&](plan& p) { p.op_list.pop_back(); p.op_offsets.back() -= 1; }, "op index");
-  broken([&](plan& p) {
-    p.op_list.pop_back(); // the last op of the last non-empty bucket
-    std::size_t k = p.op_offsets.size() - 1;
-    while (p.op_offsets[k] > p.op_list.size()) p.op_offsets[k--] = static_cast<std::uint32_t>(p.op_list.size());
-  }, "missing ops");
-  broken([&](plan& p) { p.staging_bytes[p.rail_target(p.pieces[inter])] = 0; }, "staging");
-  broken([&](plan& p) { p.message_count[1] += 1; }, "");
-}
-
-TEST_CASE("cost_model.bounds_and_predictions_are_consistent") {
-  std::mt19937_64 rng(17);
-  for (int iter = 0; iter < 100; ++iter) {
-    const int S = 2 + static_cast<int>(rng() % 6);
-    const auto topo = iter % 2 ? h200_cluster(S) : mi300x_cluster(S);
-    const auto t = zipf_traffic(S * 8, 1.2, 1 << 24, rng(), 4096);
-    const lower_bounds lb = lower_bound(topo, t);
-    const prediction f = predict(topo, make_plan(topo, t, {.granule = 4096}), {.alpha = 10e-6});
-    const prediction s = predict(topo, make_plan<spread_out_decomposer>(topo, t, {.granule = 4096}), {.alpha = 10e-6});
-    const prediction d = predict(topo, make_plan<direct_decomposer>(topo, t), {.alpha = 10e-6});
-    CHECK(f.total_s >= lb.overall_s());
-    CHECK(s.total_s >= lb.overall_s());
-    CHECK(d.total_s >= lb.scaleout_s);
-    // FAST's scale-out phase is the lower bound plus one alpha per stage (within rounding).
-    CHECK(f.scaleout_s == doctest::Approx(lb.scaleout_s + f.stages * 10e-6).epsilon(1e-6));
-    // Spread-out's shifts each wait for their largest pair: never better than exact Birkhoff.
-    CHECK(s.scaleout_s - s.stages * 10e-6 >= f.scaleout_s - f.stages * 10e-6 - 1e-12);
-    // With alpha = 0, modelled time is monotone in alpha.
-    CHECK(predict(topo, make_plan(topo, t), {.alpha = 0}).total_s <= predict(topo, make_plan(topo, t), {.alpha = 1e-5}).total_s);
-  }
-}
-
 namespace {
 // What rank r does in a plan: per stage, its ops with the full content of each piece.
 std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
@@ -446,6 +357,26 @@ TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
   CHECK_THROWS_WITH_AS(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 32), doctest::Contains("not in a topology"), error);
 }
 
+TEST_CASE("planner.staging_layout_is_the_one_read_back_plans_get") {
+  // The planner lays staging out from rail capacities before any piece exists; a plan read back
+  // from its pieces (detail::assign_staging) gets its layout from the pieces. Both go through
+  // detail::staging_layout, so they must agree slot for slot.
+  std::mt19937_64 rng(808);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 8), G = 1 + static_cast<int>(rng() % 8);
+    const bytes_t granule = rng() % 3 == 0 ? 1 + rng() % 64 : 1;
+    const traffic_matrix t = random_case(rng, S * G, G, granule);
+    CAPTURE(iter);
+    const plan p = make_plan(two_tier_topology(S, G), t, {.granule = granule});
+    plan q = p;
+    for (piece& pc : q.pieces) pc.stage_out = pc.stage_in = 0; // nothing left of the planner's slots
+    q.staging_bytes.assign(q.staging_bytes.size(), 7);
+    detail::assign_staging(q);
+    CHECK(q.pieces == p.pieces);
+    CHECK(q.staging_bytes == p.staging_bytes);
+  }
+}
+
 TEST_CASE("best_of.keeps_the_stages_the_model_predicts_fastest") {
   std::mt19937_64 rng(55);
   using both = best_of_decomposer<birkhoff_decomposer, spread_out_decomposer>;
@@ -454,7 +385,7 @@ TEST_CASE("best_of.keeps_the_stages_the_model_predicts_fastest") {
     const auto topo = h200_cluster(S);
     const auto t = zipf_traffic(S * 8, 1.0, bytes_t{1} << (12 + rng() % 16), rng(), 64);
     for (double alpha : {0.0, 5e-6, 50e-6}) {
-      planner<fixed_topology<8>, both> pl(topo, {.granule = 64}, both(alpha, topo.scaleout_bandwidth()));
+      planner<fixed_topology<8>, both> pl(topo, {.granule = 64}, both(scaleout_model{alpha, topo.scaleout_bandwidth()}));
       const plan p = pl.make(t);
       check_plan(p, t, false);
       auto scaleout = [&](const plan& q) {

@@ -86,15 +86,15 @@ TEST_CASE("registry.every_name_dispatches_to_its_type") {
 
 TEST_CASE("registry.params_reach_the_decomposers") {
   CHECK(decomposer_params{}.quantum == quantum_rule::formula); // one decomposition per call
-  CHECK(decomposer_params{}.alpha_s == 10e-6);
+  CHECK(decomposer_params{}.scaleout.alpha_s == scaleout_model::default_alpha_s);
   const server_matrix m = sample_servers(6, 3);
   for (const quantum_rule rule : {quantum_rule::formula, quantum_rule::search}) {
     for (const double alpha : {0.0, 5e-6, 1e-3}) {
-      const decomposer_params p{.alpha_s = alpha, .scaleout_bytes_per_s = 25e9, .quantum = rule};
+      const decomposer_params p{.scaleout = {.alpha_s = alpha, .bandwidth = 25e9}, .quantum = rule};
       CAPTURE(alpha);
       CAPTURE(static_cast<int>(rule));
       // quantized picks the quantum a decomposer made directly with these numbers picks.
-      quantized_decomposer direct_q(alpha, 25e9, rule);
+      quantized_decomposer direct_q(p.scaleout, rule);
       stage_list want;
       direct_q.decompose(m, want);
       with_decomposer("quantized", p, [&](auto dec) {
@@ -109,8 +109,8 @@ TEST_CASE("registry.params_reach_the_decomposers") {
       });
       // best weighs its members with alpha and the bandwidth: its reason (every member's stage
       // count and modelled time) and its choice are those of a best_decomposer made directly.
-      best_decomposer direct_best(alpha, 25e9, birkhoff_decomposer{}, bottleneck_decomposer{},
-                                  quantized_decomposer(alpha, 25e9, rule), spread_out_decomposer{});
+      best_decomposer direct_best(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{},
+                                  quantized_decomposer(p.scaleout, rule), spread_out_decomposer{});
       stage_list best_want;
       direct_best.decompose(m, best_want);
       with_decomposer("best", p, [&](auto dec) {
@@ -146,23 +146,23 @@ TEST_CASE("registry.parameters_that_are_no_network_are_errors") {
   const double inf = std::numeric_limits<double>::infinity();
   for (const double alpha : {-1e-6, std::nan(""), inf}) {
     CAPTURE(alpha);
-    CHECK_THROWS_WITH_AS(with_decomposer("birkhoff", {.alpha_s = alpha}, f), doctest::Contains("alpha_s"), error);
+    CHECK_THROWS_WITH_AS(with_decomposer("birkhoff", {.scaleout = {.alpha_s = alpha}}, f), doctest::Contains("alpha"), error);
   }
   for (const double bw : {0.0, -1.0, std::nan(""), inf}) {
     CAPTURE(bw);
-    CHECK_THROWS_WITH_AS(with_decomposer("quantized", {.scaleout_bytes_per_s = bw}, f),
-                         doctest::Contains("scaleout_bytes_per_s"), error);
+    CHECK_THROWS_WITH_AS(with_decomposer("quantized", {.scaleout = {.bandwidth = bw}}, f),
+                         doctest::Contains("bandwidth"), error);
   }
   CHECK(calls == 0);
   // The name is checked first: an unknown name is reported as such whatever the parameters.
-  CHECK_THROWS_WITH_AS(with_decomposer("nope", {.alpha_s = -1}, f), doctest::Contains("unknown decomposer"), error);
+  CHECK_THROWS_WITH_AS(with_decomposer("nope", {.scaleout = {.alpha_s = -1}}, f), doctest::Contains("unknown decomposer"), error);
 }
 
 TEST_CASE("registry.every_decomposer_plans_verified_traffic") {
   // End to end: a planner built through the registry makes plans the verifier accepts, exact
   // decomposers on the lower bound.
   const two_tier_topology topo(3, 4);
-  const decomposer_params p{.alpha_s = 20e-6, .scaleout_bytes_per_s = topo.scaleout_bandwidth()};
+  const decomposer_params p{.scaleout = {.alpha_s = 20e-6, .bandwidth = topo.scaleout_bandwidth()}};
   for (std::uint64_t seed = 0; seed < 5; ++seed) {
     const traffic_matrix t = zipf_traffic(12, 1.2, 1 << 16, seed);
     for (std::string_view name : decomposer_names()) {

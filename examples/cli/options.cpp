@@ -290,6 +290,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
                     " applies to the generators only, not to --matrix");
   if (have_share && o.input != input_kind::hotspot) throw fa::error("--hot-share applies to --hotspot only");
   if (o.all && have_index) throw fa::error("--all and --index cannot be combined: --all plans every matrix");
+  o.links.scaleout_alpha = o.alpha_s; // the topology's scale-out model (fasta2a::scaleout_of) carries --alpha
   return o;
 }
 

@@ -75,11 +75,11 @@ struct options {
 /// other or do not apply to the command.
 std::optional<options> parse_options(const std::vector<std::string_view>& args, bool run);
 
-/// The decomposer configuration of the options (--alpha) for NICs of `scaleout_bytes_per_s`: what
+/// The decomposer configuration of the options: the topology's scale-out model, which carries --alpha: what
 /// fasta2a::with_decomposer(o.decomposer, ...) is given. The closed-form quantum, since a runtime
 /// plans on every call.
-inline fa::decomposer_params decomposer_params_of(const options& o, double scaleout_bytes_per_s) {
-  return {.alpha_s = o.alpha_s, .scaleout_bytes_per_s = scaleout_bytes_per_s, .quantum = fa::quantum_rule::formula};
+inline fa::decomposer_params decomposer_params_of(const fa::scaleout_model& scaleout) {
+  return {.scaleout = scaleout, .quantum = fa::quantum_rule::formula};
 }
 
 /// Planning options from the command line: --adaptive adds the direct fallback at --alpha.

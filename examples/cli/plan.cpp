@@ -74,7 +74,7 @@ using fast_planner = typename planners_of<Topo, fa::registered_decomposers>::typ
 /// The FAST planner of --decomposer, configured from --alpha, --adaptive and the topology's NICs.
 template <fa::Topology Topo>
 fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
-  return fa::with_decomposer(o.decomposer, decomposer_params_of(o, topo.scaleout_bandwidth()),
+  return fa::with_decomposer(o.decomposer, decomposer_params_of(fa::scaleout_of(topo)),
                              [&](auto dec) -> fast_planner<Topo> {
                                return fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec);
                              });

@@ -132,7 +132,7 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
                     "stages", "call", "direct", "direct/", "plan", "execute", "FAST", "direct", "checked")
             << strf("%5s %5s %5s %11s %6s %10s %10s %8s %9s %9s %9s %9s %12s\n", "", "", "", "MiB", "", "ms",
                     "ms", "call", "us", "ms", "ms model", "ms model", "MiB");
-  const fa::decomposer_params dp = decomposer_params_of(o, topo.scaleout_bandwidth());
+  const fa::decomposer_params dp = decomposer_params_of(fa::scaleout_of(topo));
   bytes_t all_checked = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];

@@ -152,7 +152,7 @@ int run_mpi_command(const options& o) {
                       "execute", "checked")
               << strf("%5s %5s %5s %11s %6s %10s %10s %8s %10s %8s %9s %9s %9s %12s\n", "", "", "", "MiB", "", "ms",
                       "ms", "call", "ms", "call", "us", "us", "ms", "MiB");
-  const fa::decomposer_params dp = decomposer_params_of(o, topo.scaleout_bandwidth());
+  const fa::decomposer_params dp = decomposer_params_of(fa::scaleout_of(topo));
   bytes_t all_checked = 0, all_compared = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];

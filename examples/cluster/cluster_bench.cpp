@@ -431,8 +431,7 @@ int run(int argc, char** argv) {
   // The engine's decomposers model this network: the shaped NIC rate and --alpha-ms. quantized
   // searches for its quantum (several decompositions per plan), as in the recorded results: the
   // benchmark compares schedules, and reports planning time apart (plan_s).
-  const fa::decomposer_params dp{
-      .alpha_s = o.alpha_s, .scaleout_bytes_per_s = b_out, .quantum = fa::quantum_rule::search};
+  const fa::decomposer_params dp{.scaleout = {.alpha_s = o.alpha_s, .bandwidth = b_out}, .quantum = fa::quantum_rule::search};
   bench b(o, t, me, n);
   std::vector<result> results;
   for (const std::string& m : o.methods) {
@@ -442,7 +441,7 @@ int run(int argc, char** argv) {
     else {
       const engine_method e = *engine_method_of(m); // parse checked every method
       const std::optional<double> direct_if_faster_alpha =
-          e.adaptive ? std::optional<double>(dp.alpha_s) : std::nullopt;
+          e.adaptive ? std::optional<double>(dp.scaleout.alpha_s) : std::nullopt;
       results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
         return b.run_engine(m, std::move(dec), direct_if_faster_alpha);
       }));

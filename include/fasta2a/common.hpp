@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,16 @@ public:
 };
 
 namespace detail {
+
+/// Folds words into a 64-bit digest (not cryptographic: it catches misconfiguration between ranks).
+inline std::uint64_t fold_words(std::initializer_list<std::uint64_t> words) noexcept {
+  std::uint64_t h = 0x2545f4914f6cdd1dull;
+  for (std::uint64_t w : words) {
+    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+  }
+  return h;
+}
 
 /// The length of the well-formed UTF-8 sequence at text[i] (a byte >= 0x80), or 0 if there is none:
 /// the shortest-form rules of RFC 3629, where the second byte's range depends on the lead byte,

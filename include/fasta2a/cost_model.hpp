@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "fasta2a/plan.hpp"
@@ -11,10 +12,20 @@
 
 namespace fasta2a {
 
-/// Parameters of the alpha-beta model beyond the topology's bandwidths.
+/// What `predict` changes in the topology's scale-out model (scaleout_of) for one prediction.
 struct cost_params {
-  double alpha = 10e-6; ///< seconds per stage: the synchronisation each rail stage costs
+  /// Seconds per stage in place of the topology's scaleout_alpha(), to ask "what if stages cost
+  /// this much"; unset, the topology's alpha.
+  std::optional<double> alpha{};
 };
+
+/// The scale-out model `predict` uses: the topology's, with cp's alpha where set.
+template <Topology Topo>
+scaleout_model scaleout_of(const Topo& topo, const cost_params& cp) {
+  scaleout_model net = scaleout_of(topo);
+  if (cp.alpha) net.alpha_s = *cp.alpha;
+  return net;
+}
 
 /// Lower bounds on the time of any schedule (docs/DESIGN.md section 3), in seconds.
 struct lower_bounds {
@@ -128,14 +139,16 @@ void add_scaleup(const Topo& topo, std::vector<port_load>& loads, std::size_t st
 
 } // namespace detail
 
-/// Predicts plan p on topo with the alpha-beta model.
+/// Predicts plan p on topo with the alpha-beta model: the topology's scale-out model
+/// (scaleout_of), its alpha replaced by cp.alpha where set.
 ///
 /// Staged plans, pipelined: step j runs stage j's balance, stage j-1's rail transfer and stage
 /// j-2's redistribution at once, and lasts as long as the slowest of them (a rail stage costs
-/// alpha + weight / b_out; scale-up work costs the busiest port's, or mesh pair's, bytes / b_up).
-/// Intra-server traffic fills scale-up slack, so the total is at least every port's whole work.
-/// Direct plans (fluid model): alpha + the busiest NIC's inter-server bytes (send or receive)
-/// / b_out, beside the busiest scale-up port.
+/// scaleout_model::stage_time, alpha + weight / b_out; scale-up work costs the busiest port's, or
+/// mesh pair's, bytes / b_up). Intra-server traffic fills scale-up slack, so the total is at least
+/// every port's whole work. Direct plans (fluid model): scaleout_model::direct_time of the busiest
+/// NIC's inter-server bytes (send or receive), beside the busiest scale-up port. Throws
+/// fasta2a::error if the plan is for another shape or cp.alpha is negative or not finite.
 template <Topology Topo>
 prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool timeline = false) {
   if (topo.servers() != p.servers || topo.gpus_per_server() != p.gpus_per_server)
@@ -143,7 +156,8 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
                 std::to_string(p.gpus_per_server) + ", topology is " +
                 std::to_string(topo.servers()) + " x " + std::to_string(topo.gpus_per_server()));
   const rank_t n = topo.ranks();
-  const double bout = topo.scaleout_bandwidth();
+  const scaleout_model net = scaleout_of(topo, cp);
+  net.check("predict");
   prediction pr;
   pr.stages = p.stages();
   std::vector<detail::port_load> per_step, whole;
@@ -161,14 +175,14 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
     }
     bytes_t nic = 0;
     for (rank_t r = 0; r < n; ++r) nic = std::max({nic, send[r], recv[r]});
-    pr.scaleout_s = nic > 0 ? cp.alpha + static_cast<double>(nic) / bout : 0.0;
+    pr.scaleout_s = net.direct_time(nic);
     std::vector<std::vector<double>> lanes;
     pr.scaleup_s = detail::step_times(topo, whole, 1, timeline ? &lanes : nullptr)[0];
     pr.total_s = std::max(pr.scaleout_s, pr.scaleup_s);
     if (timeline) {
       for (rank_t r = 0; r < n; ++r) {
         bytes_t b = std::max(send[r], recv[r]);
-        if (b > 0) pr.blocks.push_back({timeline_block::nic, r, 0.0, cp.alpha + b / bout, -1});
+        if (b > 0) pr.blocks.push_back({timeline_block::nic, r, 0.0, net.stage_time(b), -1});
         if (lanes[0][r] > 0) pr.blocks.push_back({timeline_block::scaleup, r, 0.0, lanes[0][r], -1});
       }
     }
@@ -208,7 +222,7 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
   pr.scaleup_s = detail::step_times(topo, whole, 1, nullptr)[0];
   double now = 0;
   for (std::size_t j = 0; j < steps; ++j) {
-    const double out = (j >= 1 && j <= T) ? cp.alpha + p.stage_weight[j - 1] / bout : 0.0;
+    const double out = (j >= 1 && j <= T) ? net.stage_time(p.stage_weight[j - 1]) : 0.0;
     if (j >= 1 && j <= T) pr.scaleout_s += out;
     const double len = std::max(out, up[j]);
     if (timeline) {
@@ -218,7 +232,7 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
                                static_cast<std::int32_t>(j)});
         if (j >= 1 && j <= T && nic_bytes[(j - 1) * n + r] > 0)
           pr.blocks.push_back({timeline_block::nic, r, now,
-                               now + cp.alpha + nic_bytes[(j - 1) * n + r] / bout,
+                               now + net.stage_time(nic_bytes[(j - 1) * n + r]),
                                static_cast<std::int32_t>(j - 1)});
       }
     }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <concepts>
 #include <cstdio>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include <Eigen/Core>
 
 #include "fasta2a/common.hpp"
+#include "fasta2a/topology.hpp"
 
 namespace fasta2a {
 
@@ -274,10 +276,25 @@ static_assert(Decomposer<spread_out_decomposer>);
 static_assert(Decomposer<direct_decomposer>);
 
 /// Runs every decomposer Ds on the server matrix and keeps the stages that the alpha-beta model
-/// predicts fastest for the scale-out phase: the sum over stages of alpha + weight / b_out. So a
+/// predicts fastest for the scale-out phase: scaleout_model::stages_time, the sum over stages of
+/// alpha + weight / b_out. So a
 /// plan with a few more bytes of padding but far fewer stages wins where stages are expensive
 /// (small messages, large alpha), and exact Birkhoff wins where bytes dominate. `chosen()` and
 /// `reason()` say which won and why; the planner copies them into the plan.
+namespace detail {
+
+/// A decomposer's name and configuration folded into one word: its `digest()` where it has one
+/// (decomposers with parameters), its name alone otherwise.
+template <class D>
+std::uint64_t decomposer_digest(const D& d) noexcept {
+  std::uint64_t h = 0;
+  for (const char* c = D::name; *c; ++c) h = fold_words({h, static_cast<unsigned char>(*c)});
+  if constexpr (requires { d.digest(); }) h = fold_words({h, static_cast<std::uint64_t>(d.digest())});
+  return h;
+}
+
+} // namespace detail
+
 template <Decomposer... Ds>
 class best_of_decomposer {
   static_assert(sizeof...(Ds) >= 1, "best_of_decomposer needs at least one decomposer");
@@ -288,14 +305,22 @@ public:
   static constexpr bool staged = true;
   static constexpr bool exact = (Ds::exact && ...);
 
-  /// alpha_s: seconds per stage; scaleout_bytes_per_s: one NIC's bandwidth.
-  explicit best_of_decomposer(double alpha_s = 10e-6, double scaleout_bytes_per_s = 50e9)
-      : best_of_decomposer(alpha_s, scaleout_bytes_per_s, Ds{}...) {}
+  /// Compares the members' stages in scale-out model `net`: the topology's (scaleout_of) where
+  /// the plans are for one. Throws fasta2a::error unless alpha >= 0 and the bandwidth > 0, both
+  /// finite.
+  explicit best_of_decomposer(scaleout_model net = {}) : best_of_decomposer(net, Ds{}...) {}
   /// As above, with configured members (a quantised decomposer's quantum, say).
-  best_of_decomposer(double alpha_s, double scaleout_bytes_per_s, Ds... ds)
-      : alpha_(alpha_s), bout_(scaleout_bytes_per_s), members_(std::move(ds)...) {
-    if (!(alpha_s >= 0) || !(scaleout_bytes_per_s > 0))
-      throw error("best_of_decomposer needs alpha >= 0 and a positive scale-out bandwidth");
+  best_of_decomposer(scaleout_model net, Ds... ds) : net_(net), members_(std::move(ds)...) {
+    net_.check("best_of_decomposer");
+  }
+
+  /// The model the members' stages are compared in.
+  const scaleout_model& model() const noexcept { return net_; }
+  /// The model and every member's own digest, folded into one word (see quantized_decomposer::digest).
+  std::uint64_t digest() const noexcept {
+    std::uint64_t h = detail::fold_words({std::bit_cast<std::uint64_t>(net_.alpha_s), std::bit_cast<std::uint64_t>(net_.bandwidth)});
+    std::apply([&](const auto&... d) { ((h = detail::fold_words({h, detail::decomposer_digest(d)})), ...); }, members_);
+    return h;
   }
 
   void decompose(const server_matrix& m, stage_list& out) {
@@ -315,7 +340,7 @@ public:
       }
       double time = 0;
       if (fits) {
-        for (bytes_t w : mine.weights) time += alpha_ + static_cast<double>(w) / bout_;
+        time = net_.stages_time(mine.weights);
         if (best_ < 0 || time < best_time) {
           best_ = i;
           best_time = time;
@@ -335,7 +360,7 @@ public:
     std::apply([&](auto&... dec) { (try_one(dec), ...); }, members_);
     if (best_ < 0)
       throw plan_too_large("every decomposer of best-of exceeds the plan size limit (" + reason_ + ")");
-    reason_ = std::string("scale-out model (alpha ") + std::to_string(alpha_ * 1e6).substr(0, 5) +
+    reason_ = std::string("scale-out model (alpha ") + std::to_string(net_.alpha_s * 1e6).substr(0, 5) +
               " us per stage): " + reason_;
     out.reset(m.rows());
     std::swap(out.weights, candidates_[best_].weights);
@@ -348,7 +373,7 @@ public:
   const std::string& reason() const noexcept { return reason_; }
 
 private:
-  double alpha_, bout_;
+  scaleout_model net_;
   std::tuple<Ds...> members_;
   stage_list candidates_[sizeof...(Ds)];
   const char* names_[sizeof...(Ds)] = {};

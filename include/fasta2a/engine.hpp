@@ -350,13 +350,13 @@ private:
     h.mix(static_cast<std::uint64_t>(topo.scaleup()));
     h.mix(static_cast<double>(topo.scaleup_bandwidth()));
     h.mix(static_cast<double>(topo.scaleout_bandwidth()));
+    h.mix(static_cast<double>(topo.scaleout_alpha()));
     h.mix(opt_.planning.granule);
     h.mix(static_cast<std::uint64_t>(opt_.planning.max_plan_bytes));
     h.mix(static_cast<std::uint64_t>(opt_.planning.direct_if_faster_alpha.has_value()));
     h.mix(opt_.planning.direct_if_faster_alpha.value_or(0.0));
     h.mix(static_cast<std::uint64_t>(opt_.registration_cache));
-    h.mix(D::name);
-    if constexpr (requires { dec.digest(); }) h.mix(static_cast<std::uint64_t>(dec.digest()));
+    h.mix(detail::decomposer_digest(dec));
     h.mix(static_cast<std::uint64_t>(M::kind));
     h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
     h.mix(static_cast<std::uint64_t>(Out::handle_bytes));

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <span>
 #include <string>
@@ -262,8 +263,9 @@ private:
 /// any decomposition with weights in multiples of q can reach, since pair (s, d) needs a multiple
 /// of q of at least M(s, d).
 ///
-/// The quantum is fixed (constructor with q >= 1), or chosen per matrix by choose_quantum from the
-/// per-stage cost alpha and the scale-out bandwidth (q = 0, or the (alpha, bandwidth) constructor);
+/// The quantum is fixed (constructor with q >= 1), or chosen per matrix from a scale-out model, its
+/// per-stage cost alpha and NIC bandwidth (q = 0: the default model; or the scaleout_model
+/// constructor, given the topology's, scaleout_of);
 /// choosing decomposes up to ten candidates, so it costs a few times one exact decomposition (the
 /// winner's stages are kept, not recomputed).
 /// How quantized_decomposer picks a quantum per matrix.
@@ -278,9 +280,6 @@ public:
   static constexpr bool staged = true;
   static constexpr bool exact = false;
 
-  /// What quantum 0 assumes: cost_params' default alpha and an H200 NIC (h200_links).
-  static constexpr double default_alpha_s = 10e-6;
-  static constexpr double default_scaleout_bytes_per_s = 50e9;
   /// choose_quantum counts a candidate's stages by decomposing it when S <= exact_count_servers,
   /// or when its stage bound L_q / q times S^2 is at most exact_count_work (a decomposition costs
   /// about S^2 per stage, so this caps the time spent counting); otherwise the count is taken as
@@ -289,30 +288,34 @@ public:
   static constexpr int exact_count_servers = 64;
   static constexpr double exact_count_work = 67108864.0; // 2^26
 
-  /// Fixed quantum q bytes; q = 0 chooses per matrix with default_alpha_s and
-  /// default_scaleout_bytes_per_s, by the closed-form rule (one decomposition per call).
-  explicit quantized_decomposer(bytes_t quantum = 0)
-      : quantum_(quantum), alpha_s_(default_alpha_s), bandwidth_(default_scaleout_bytes_per_s),
-        rule_(quantum_rule::formula) {}
+  /// Fixed quantum q bytes; q = 0 chooses per matrix in the default scale-out model
+  /// (scaleout_model{}: an H200 NIC, 10 us per stage), by the closed-form rule (one decomposition
+  /// per call).
+  explicit quantized_decomposer(bytes_t quantum = 0) : quantum_(quantum), rule_(quantum_rule::formula) {}
 
-  /// Chooses the quantum per matrix for a per-stage cost of alpha_s seconds and a scale-out
-  /// bandwidth of scaleout_bytes_per_s per NIC. Throws fasta2a::error unless alpha_s >= 0 and the
-  /// bandwidth > 0, both finite.
-  quantized_decomposer(double alpha_s, double scaleout_bytes_per_s, quantum_rule rule = quantum_rule::search)
-      : quantum_(0), alpha_s_(alpha_s), bandwidth_(scaleout_bytes_per_s), rule_(rule) {
-    check_costs(alpha_s, scaleout_bytes_per_s);
+  /// Chooses the quantum per matrix in scale-out model `net` (the topology's: scaleout_of).
+  /// Throws fasta2a::error unless its alpha >= 0 and its bandwidth > 0, both finite.
+  /// What configures it, folded into one word: ranks whose engines compare digests must agree on it.
+  std::uint64_t digest() const noexcept {
+    return detail::fold_words({quantum_, std::bit_cast<std::uint64_t>(net_.alpha_s), std::bit_cast<std::uint64_t>(net_.bandwidth),
+                               static_cast<std::uint64_t>(rule_)});
   }
 
-  /// The closed-form quantum: with at most (S - 1)(q - 1) bytes of padding per rail and at most
-  /// about L / q stages, the modelled scale-out time (L + (S - 1) q) / b_out + alpha L / q is
-  /// smallest at q = sqrt(alpha b_out L / (S - 1)); rounded down to a power of two (so that a
-  /// power-of-two granule divides it), at least 1.
-  static bytes_t formula_quantum(const server_matrix& m, double alpha_s, double scaleout_bytes_per_s) {
-    check_costs(alpha_s, scaleout_bytes_per_s);
+  explicit quantized_decomposer(scaleout_model net, quantum_rule rule = quantum_rule::search)
+      : quantum_(0), net_(net), rule_(rule) {
+    check_costs(net);
+  }
+
+  /// The closed-form quantum in model `net`: with at most (S - 1)(q - 1) bytes of padding per rail
+  /// and at most about L / q stages, the modelled scale-out time (L + (S - 1) q) / b_out +
+  /// alpha L / q is smallest at q = sqrt(alpha b_out L / (S - 1)); rounded down to a power of two
+  /// (so that a power-of-two granule divides it), at least 1.
+  static bytes_t formula_quantum(const server_matrix& m, const scaleout_model& net) {
+    check_costs(net);
     const auto n = static_cast<double>(m.rows());
     const double L = static_cast<double>(max_line_sum(m));
-    if (n < 2 || L == 0 || alpha_s == 0) return 1;
-    const double q = std::sqrt(alpha_s * scaleout_bytes_per_s * L / (n - 1));
+    if (n < 2 || L == 0 || net.alpha_s == 0) return 1;
+    const double q = std::sqrt(net.alpha_s * net.bandwidth * L / (n - 1));
     return q < 2 ? 1 : floor_pow2(static_cast<bytes_t>(std::min(q, 9.2e18)));
   }
 
@@ -329,11 +332,11 @@ public:
       return;
     }
     if (rule_ == quantum_rule::formula) {
-      last_quantum_ = formula_quantum(m, alpha_s_, bandwidth_);
+      last_quantum_ = formula_quantum(m, net_);
       peel_.decompose(m, last_quantum_, out);
       return;
     }
-    const bool counted = choose(m, alpha_s_, bandwidth_);
+    const bool counted = choose(m, net_);
     last_quantum_ = chosen_;
     if (!counted) {
       peel_.decompose(m, chosen_, out);
@@ -353,30 +356,26 @@ public:
   }
 
   /// The quantum for m that minimises the modelled scale-out time L_q / b_out + alpha x stages(q)
-  /// over a ladder of candidates: q = 1 (exact) and L / 2^k for k = 2..10, each rounded down to a
-  /// power of two (so that a power-of-two granule divides it). That is the balance the padding
+  /// (scaleout_model::phase_time in model `net`) over a ladder of candidates: q = 1 (exact) and
+  /// L / 2^k for k = 2..10, each rounded down to a power of two (so that a power-of-two granule
+  /// divides it). That is the balance the padding
   /// strikes: a coarser q pays padding (at most (S - 1)(q - 1) bytes per rail, L_q / b_out) to
   /// save stages (alpha each). Stages are counted by decomposing the candidate, or bounded for
   /// large S (see exact_count_servers); a candidate whose lower bound
   /// (L_q / b_out + alpha x the most non-zero entries in a line) cannot beat the best so far is
   /// skipped. Ties go to the coarser quantum. Returns 1 for a zero matrix. Throws fasta2a::error
-  /// unless alpha_s >= 0 and the bandwidth > 0, both finite.
-  static bytes_t choose_quantum(const server_matrix& m, double alpha_s, double scaleout_bytes_per_s) {
-    check_costs(alpha_s, scaleout_bytes_per_s);
-    quantized_decomposer d(alpha_s, scaleout_bytes_per_s);
-    d.choose(m, alpha_s, scaleout_bytes_per_s);
+  /// unless net's alpha >= 0 and its bandwidth > 0, both finite.
+  static bytes_t choose_quantum(const server_matrix& m, const scaleout_model& net) {
+    quantized_decomposer d(net);
+    d.choose(m, net);
     return d.chosen_;
   }
 
+  /// The model the quantum is chosen in when it is not fixed.
+  const scaleout_model& model() const noexcept { return net_; }
+
 private:
-  static void check_costs(double alpha_s, double bandwidth) {
-    if (!std::isfinite(alpha_s) || alpha_s < 0)
-      throw error("quantized_decomposer: alpha must be a finite, non-negative number of seconds, got " +
-                  std::to_string(alpha_s));
-    if (!std::isfinite(bandwidth) || bandwidth <= 0)
-      throw error("quantized_decomposer: the scale-out bandwidth must be finite and positive, got " +
-                  std::to_string(bandwidth));
-  }
+  static void check_costs(const scaleout_model& net) { net.check("quantized_decomposer"); }
 
   // Largest line sum of ceil(m / q), in units of q; `col` is scratch.
   static bytes_t line_units(const server_matrix& m, bytes_t q, std::vector<bytes_t>& col) {
@@ -402,7 +401,7 @@ private:
 
   // Sets chosen_. Returns true when best_ holds the stages of chosen_ (they were counted by
   // decomposing), so decompose need not run again.
-  bool choose(const server_matrix& m, double alpha_s, double bandwidth) {
+  bool choose(const server_matrix& m, const scaleout_model& net) {
     const int n = static_cast<int>(m.rows());
     const bytes_t L = max_line_sum(m);
     chosen_ = 1;
@@ -435,8 +434,7 @@ private:
     bool have = false, counted = false;
     for (const bytes_t q : ladder_) {
       const bytes_t lq = detail::checked_mul(line_units(m, q, col_), q, "the quantised line sum");
-      const double bytes_s = static_cast<double>(lq) / bandwidth;
-      if (have && bytes_s + alpha_s * static_cast<double>(min_stages) >= best_cost) continue;
+      if (have && net.phase_time(lq, min_stages) >= best_cost) continue;
       std::size_t stages;
       const bool count = n <= exact_count_servers ||
                          static_cast<double>(lq / q) * n * n <= exact_count_work;
@@ -448,7 +446,7 @@ private:
       } else {
         stages = std::min<std::size_t>(max_stages, lq / q);
       }
-      const double cost = bytes_s + alpha_s * static_cast<double>(stages);
+      const double cost = net.phase_time(lq, stages);
       if (!have || cost < best_cost) {
         have = true;
         best_cost = cost;
@@ -461,8 +459,7 @@ private:
   }
 
   bytes_t quantum_;
-  double alpha_s_;
-  double bandwidth_;
+  scaleout_model net_;
   quantum_rule rule_ = quantum_rule::search;
   bytes_t last_quantum_ = 0;
   bytes_t chosen_ = 1;

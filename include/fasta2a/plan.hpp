@@ -1,6 +1,7 @@
 // fasta2a: the plan of one all-to-allv, in the flat form an executor walks.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -253,36 +254,87 @@ private:
   std::size_t slots_ = 1;
 };
 
-/// Staging slots of a whole plan whose pieces are set, in the planner's layout: rank (s, k)'s
-/// buffer holds, per destination server in order, rail k's bytes from s (balance region), then
-/// per source server in order rail k's bytes into s (receive region); a piece sits at its
-/// region's base plus its position in its rail stream. Pieces that need no staging get none.
+/// The staging layout of a plan: the one place it is computed, for the planner (whole plans and
+/// rank views alike) and for plans read back from their pieces (assign_staging).
+///
+/// A rail stream (s, d, k) is what rail k carries from server s to server d, in piece order. Rank
+/// (s, k)'s staging buffer holds, per destination server d in order, stream (s, d, k) (its balance
+/// region: bytes gathered before they leave on the rail), then per source server s' in order,
+/// stream (s', s, k) (its receive region: bytes that arrived and wait to be redistributed). Byte
+/// position `pos` of a stream sits at its region's base plus pos, so any rank finds any piece's
+/// slot from the stream sizes alone, without the other server pairs' phase 1.
+class staging_layout {
+public:
+  /// Lays out S x S x G streams whose sizes are load[(s * S + d) * G + k] and sets staging (one
+  /// size per rank, S * G) to what each rank's buffer needs.
+  void build(int S, int G, const bytes_t* load, std::vector<bytes_t>& staging) {
+    const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
+    // Every base is written below, so resizing is enough: no need to clear them first.
+    out_base_.resize(SSG);
+    in_base_.resize(SSG);
+    staging.assign(SG, 0);
+    // Balance regions first, in destination order; then receive regions, in source order. The
+    // streams are visited in index order, so each loop is one linear pass.
+    std::size_t i = 0;
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        for (int k = 0; k < G; ++k, ++i) {
+          bytes_t& size = staging[static_cast<std::size_t>(s) * G + k];
+          out_base_[i] = size;
+          size += load[i];
+        }
+    i = 0;
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        for (int k = 0; k < G; ++k, ++i) {
+          bytes_t& size = staging[static_cast<std::size_t>(d) * G + k];
+          in_base_[i] = size;
+          size += load[i];
+        }
+  }
+
+  /// Base of stream i's balance region in its sending rail rank's buffer (i as in `build`); the
+  /// streams of one server pair are contiguous, so out_base(pair * G) + k is rail k's.
+  const bytes_t* out_base(std::size_t i) const noexcept { return out_base_.data() + i; }
+  /// Base of stream i's receive region in its receiving rail rank's buffer.
+  const bytes_t* in_base(std::size_t i) const noexcept { return in_base_.data() + i; }
+
+  /// Sets pc's staging offsets for byte position `pos` of its rail stream, whose region bases are
+  /// out_base and in_base: a rank that already holds the piece (the rail source is its source, or
+  /// the rail target its destination) stages none of it.
+  FASTA2A_INLINE static void place(piece& pc, rank_t rail_source, rank_t rail_target, bytes_t out_base,
+                                   bytes_t in_base, bytes_t pos) noexcept {
+    pc.stage_out = rail_source == pc.src ? no_staging : out_base + pos;
+    pc.stage_in = rail_target == pc.dst ? no_staging : in_base + pos;
+  }
+
+private:
+  std::vector<bytes_t> out_base_, in_base_; // per stream
+};
+
+/// Staging slots of a whole plan whose pieces are set (a plan read back from a document, say), in
+/// the planner's layout (staging_layout): stream sizes are summed from the pieces, and a piece
+/// sits at its position in its stream. Pieces that need no staging get none.
 inline void assign_staging(plan& p) {
   const int S = p.servers, G = p.gpus_per_server;
   const std::size_t SSG = static_cast<std::size_t>(S) * S * G;
-  std::vector<bytes_t> load(SSG, 0), out_base(SSG, 0), in_base(SSG, 0);
+  std::vector<bytes_t> load(SSG, 0);
   auto key = [&](const piece& pc) {
     return (static_cast<std::size_t>(pc.src / G) * S + pc.dst / G) * G + pc.rail;
   };
   for (const piece& pc : p.pieces)
     if (pc.rail >= 0) load[key(pc)] += pc.bytes;
-  p.staging_bytes.assign(static_cast<std::size_t>(S) * G, 0);
-  for (int pass = 0; pass < 2; ++pass)
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k) {
-          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
-          const int owner = pass == 0 ? s : d;
-          (pass == 0 ? out_base : in_base)[i] = p.staging_bytes[owner * G + k];
-          p.staging_bytes[owner * G + k] += load[i];
-        }
+  staging_layout layout;
+  layout.build(S, G, load.data(), p.staging_bytes);
   std::fill(load.begin(), load.end(), 0); // now: position in each rail stream
   for (piece& pc : p.pieces) {
-    pc.stage_out = pc.stage_in = no_staging;
-    if (pc.rail < 0) continue;
+    if (pc.rail < 0) {
+      pc.stage_out = pc.stage_in = no_staging;
+      continue;
+    }
     const std::size_t i = key(pc);
-    if (p.rail_source(pc) != pc.src) pc.stage_out = out_base[i] + load[i];
-    if (p.rail_target(pc) != pc.dst) pc.stage_in = in_base[i] + load[i];
+    staging_layout::place(pc, p.rail_source(pc), p.rail_target(pc), *layout.out_base(i), *layout.in_base(i),
+                          load[i]);
     load[i] += pc.bytes;
   }
 }

@@ -26,10 +26,11 @@ struct plan_options {
   /// The planner throws plan_too_large instead of building a plan larger than this (stages,
   /// pieces and the per-rank op index together).
   std::size_t max_plan_bytes = std::size_t{2} << 30;
-  /// When set (seconds per stage), the planner also predicts direct sending (alpha + the busiest
-  /// NIC's inter-server bytes / b_out) against the staged plan's scale-out phase (a sum of alpha +
-  /// weight / b_out over its stages), and builds the direct plan when that is faster: small
-  /// messages, where stage synchronisations cost more than the skew. plan::choice says why.
+  /// When set (seconds per stage), the planner also predicts direct sending against the staged
+  /// plan's scale-out phase in the topology's scale-out model with this alpha
+  /// (scaleout_model::direct_time of the busiest NIC's inter-server bytes against stages_time of
+  /// the stages), and builds the direct plan when that is faster: small messages, where stage
+  /// synchronisations cost more than the skew. plan::choice says why.
   std::optional<double> direct_if_faster_alpha{};
 };
 
@@ -69,6 +70,7 @@ public:
   explicit planner(Topo topo, plan_options opt = {}, D dec = D())
       : topo_(std::move(topo)), opt_(opt), dec_(std::move(dec)) {
     if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
+    if (opt_.direct_if_faster_alpha) fallback_model().check("plan_options::direct_if_faster_alpha");
   }
 
   const Topo& topology() const noexcept { return topo_; }
@@ -180,19 +182,15 @@ private:
                            "); raise plan_options::max_plan_bytes");
   }
 
-  // Rail capacities of every server pair (phase 1's loads), M, and the staging layout. Rank
-  // (s, k)'s staging buffer holds, per destination server d in order, the bytes of rail k from s
-  // to d (the balance region), then per source server s' in order the bytes of rail k from s' to s
-  // (the receive region). A piece's slot is its region's base plus its position in that rail's
-  // stream, so any rank computes any slot without the other pairs' phase 1. Slots of pieces that
-  // need no staging (already on their rail rank) stay unused.
+  // Rail capacities of every server pair (phase 1's loads), M, and the staging layout
+  // (detail::staging_layout): a rail's capacity is exactly the bytes its stream will carry, so the
+  // layout is known before any piece is made, and a rank's view places its pieces in the same
+  // slots as the whole plan.
   void rail_layout(const traffic_matrix& t, plan& p) {
     const int S = topo_.servers(), G = gpus();
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
     m_.setZero(S, S);
     caps_.assign(SSG, 0);
-    out_base_.assign(SSG, 0);
-    in_base_.assign(SSG, 0);
     if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
     const std::size_t ld = static_cast<std::size_t>(t.cols());
     const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
@@ -224,39 +222,31 @@ private:
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
     p.total_bytes = total;
-    // Balance regions, then receive regions, per rail rank. Direct sending stages nothing.
-    p.staging_bytes.assign(SG, 0);
-    if (!D::staged) return;
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k) {
-          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
-          out_base_[i] = p.staging_bytes[s * G + k];
-          p.staging_bytes[s * G + k] += caps_[i];
-        }
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k) {
-          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G + k;
-          in_base_[i] = p.staging_bytes[d * G + k];
-          p.staging_bytes[d * G + k] += caps_[i];
-        }
+    // Direct sending stages nothing.
+    if (D::staged) layout_.build(S, G, caps_.data(), p.staging_bytes);
+    else p.staging_bytes.assign(SG, 0);
+  }
+
+  // The model the direct fallback compares in: the topology's, at the option's alpha.
+  scaleout_model fallback_model() const {
+    scaleout_model net = scaleout_of(topo_);
+    net.alpha_s = *opt_.direct_if_faster_alpha;
+    return net;
   }
 
   // Direct sending instead of the stages, if the model says it is faster (plan_options).
   void choose_direct(plan& p) {
-    const double alpha = *opt_.direct_if_faster_alpha, bout = topo_.scaleout_bandwidth();
-    double staged = 0;
-    for (bytes_t w : stages_.weights) staged += alpha + static_cast<double>(w) / bout;
+    const scaleout_model net = fallback_model();
+    const double staged = net.stages_time(stages_.weights);
     const bytes_t nic = nic_.empty() ? 0 : *std::max_element(nic_.begin(), nic_.end());
-    const double direct = nic > 0 ? alpha + static_cast<double>(nic) / bout : 0.0;
+    const double direct = net.direct_time(nic);
     auto ms = [](double sec) {
       char b[32];
       std::snprintf(b, sizeof b, "%.4g ms", sec * 1e3);
       return std::string(b);
     };
     char a[32];
-    std::snprintf(a, sizeof a, "%.3g", alpha * 1e6);
+    std::snprintf(a, sizeof a, "%.3g", net.alpha_s * 1e6);
     p.choice += (p.choice.empty() ? "" : "; ") + std::string("direct ") + ms(direct) + " vs " + p.decomposer + " " +
                 std::to_string(stages_.size()) + " stages " + ms(staged) + " (scale-out model, alpha " + a + " us)";
     if (direct < staged) {
@@ -392,8 +382,8 @@ private:
       used_[k] = 0;
       railpos_[k] = 0;
     }
-    const bytes_t* out_base = out_base_.data() + pr * G;
-    const bytes_t* in_base = in_base_.data() + pr * G;
+    const bytes_t* out_base = layout_.out_base(pr * G);
+    const bytes_t* in_base = layout_.in_base(pr * G);
     bytes_t* railpos = railpos_.data();
     const rank_t view = p.view;
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
@@ -431,8 +421,8 @@ private:
         }
         const std::int32_t st = stages[cursor[k] - 1];
         const bytes_t x = std::min(end, cum[k]) - pos;
-        piece pc{src, dst, off, x, st, k, rs == src ? no_staging : out_base[k] + pos,
-                 rd == dst ? no_staging : in_base[k] + pos};
+        piece pc{src, dst, off, x, st, k};
+        detail::staging_layout::place(pc, rs, rd, out_base[k], in_base[k], pos);
         index_.add(pc);
         p.pieces.push_back(pc);
         pos += x;
@@ -531,7 +521,8 @@ private:
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
   std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
-  std::vector<bytes_t> caps_, out_base_, in_base_; // servers x servers x G
+  std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities
+  detail::staging_layout layout_;
   std::vector<bytes_t> nic_;                        // per rank: inter-server bytes out, then in
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;

@@ -20,11 +20,9 @@ namespace fasta2a {
 /// What the decomposers that weigh stages against bytes need to know of the network. The others
 /// (birkhoff, bottleneck, spread-out, direct) ignore it.
 struct decomposer_params {
-  /// Cost of one stage's synchronisation, in seconds (as cost_params::alpha_s): "quantized" chooses
-  /// its quantum with it, "best" adds it per stage when it compares its members.
-  double alpha_s = 10e-6;
-  /// One NIC's bandwidth in bytes per second (Topology::scaleout_bandwidth()).
-  double scaleout_bytes_per_s = 50e9;
+  /// The scale-out network (alpha per stage, NIC bandwidth: scaleout_of(topology) gives a
+  /// topology's): "quantized" chooses its quantum with it, "best" prices its members' stages with it.
+  scaleout_model scaleout{};
   /// How "quantized" (alone or as a member of "best") chooses its quantum per matrix. The default,
   /// the closed form, costs one decomposition, which suits planning on every call; search tries
   /// several quanta and costs several.
@@ -78,30 +76,24 @@ inline bool is_decomposer_name(std::string_view name) noexcept {
 /// the same type for all of them (a generic lambda that builds a planner into a std::variant, say,
 /// or that runs an engine and returns its figures):
 ///
-///     const plan p = with_decomposer(name, {.alpha_s = 20e-6, .scaleout_bytes_per_s = 50e9},
+///     const plan p = with_decomposer(name, {.scaleout = scaleout_of(topo)},
 ///         [&](auto dec) { return planner<Topo, decltype(dec)>(topo, {}, std::move(dec)).make(t); });
 ///
 /// Throws fasta2a::error, before calling `f`, for a name that is not one of decomposer_names()
-/// (the message lists them) and for parameters that cannot be a network: alpha_s must be finite and
-/// at least 0, scaleout_bytes_per_s finite and positive.
+/// (the message lists them) and for a scale-out model that cannot be a network (scaleout_model::check).
 template <class F>
 decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p, F&& f) {
   if (!is_decomposer_name(name))
     throw error("unknown decomposer '" + std::string(name) + "' (the decomposers are " + decomposer_names_text() +
                 ")");
-  if (!(std::isfinite(p.alpha_s) && p.alpha_s >= 0))
-    throw error("decomposer_params::alpha_s must be a finite number of seconds, at least 0, got " +
-                std::to_string(p.alpha_s));
-  if (!(std::isfinite(p.scaleout_bytes_per_s) && p.scaleout_bytes_per_s > 0))
-    throw error("decomposer_params::scaleout_bytes_per_s must be a finite, positive bandwidth, got " +
-                std::to_string(p.scaleout_bytes_per_s));
+  p.scaleout.check("decomposer_params::scaleout");
   if (name == "birkhoff") return std::forward<F>(f)(birkhoff_decomposer{});
   if (name == "bottleneck") return std::forward<F>(f)(bottleneck_decomposer{});
   if (name == "spread-out") return std::forward<F>(f)(spread_out_decomposer{});
   if (name == "direct") return std::forward<F>(f)(direct_decomposer{});
-  const auto quantized = [&] { return quantized_decomposer(p.alpha_s, p.scaleout_bytes_per_s, p.quantum); };
+  const auto quantized = [&] { return quantized_decomposer(p.scaleout, p.quantum); };
   if (name == "quantized") return std::forward<F>(f)(quantized());
-  return std::forward<F>(f)(best_decomposer(p.alpha_s, p.scaleout_bytes_per_s, birkhoff_decomposer{},
+  return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{},
                                             bottleneck_decomposer{}, quantized(), spread_out_decomposer{}));
 }
 

@@ -117,7 +117,7 @@ inline void write_timeline_svg(std::ostream& os, const std::string& title, const
   for (const prediction* p : {&fast, &direct})
     if (p->blocks.empty() && p->total_s > 0)
       throw error("write_timeline_svg: a prediction has no timeline blocks; "
-                  "make it with predict(topology, plan, params, /*timeline=*/true)");
+                  "make it with predict(topology, plan, cost_params, /*timeline=*/true)");
 
   const rank_t shown = std::clamp<rank_t>(style.max_ranks, 1, ranks);
   const int G = gpus_per_server;

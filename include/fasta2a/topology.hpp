@@ -1,7 +1,9 @@
 // fasta2a: two-tier cluster topologies (scale-up inside a server, rail-optimised scale-out).
 #pragma once
 
+#include <cmath>
 #include <concepts>
+#include <span>
 #include <string>
 
 #include "fasta2a/common.hpp"
@@ -18,10 +20,57 @@ inline const char* to_string(scaleup_kind k) noexcept {
   return k == scaleup_kind::switch_fabric ? "switch" : "mesh";
 }
 
+/// The alpha-beta model of the scale-out tier (DESIGN.md section 3): a rail stage whose rails carry
+/// up to w bytes each costs one synchronisation, alpha_s, plus w / bandwidth. Every figure that
+/// prices scale-out time (the cost model, the best-of and quantised decomposers, the planner's
+/// direct fallback) computes it here, so that they agree to the last bit. A topology supplies its
+/// model (scaleout_of); a default-constructed one is an H200 NIC at the default alpha.
+struct scaleout_model {
+  /// Seconds per stage by default: a synchronisation over RDMA costs roughly 5-20 us.
+  static constexpr double default_alpha_s = 10e-6;
+  /// Bytes per second per direction of one 400 Gb/s NIC, what H200 and MI300X servers have per GPU.
+  static constexpr double default_bandwidth = 50e9;
+
+  double alpha_s = default_alpha_s;     ///< seconds per stage: the synchronisation each rail stage costs
+  double bandwidth = default_bandwidth; ///< bytes/s per direction per NIC
+
+  /// Seconds to move `bytes` through one NIC, synchronisation not included.
+  double transfer_time(bytes_t bytes) const noexcept { return static_cast<double>(bytes) / bandwidth; }
+  /// One rail stage whose rails carry up to `weight` bytes each.
+  double stage_time(bytes_t weight) const noexcept { return alpha_s + transfer_time(weight); }
+  /// The scale-out phase of a staged plan: stage_time summed over the stage weights, in order.
+  double stages_time(std::span<const bytes_t> weights) const noexcept {
+    double t = 0;
+    for (bytes_t w : weights) t += stage_time(w);
+    return t;
+  }
+  /// The same phase from its totals, `stages` stages of `total` per-rail bytes in all: what a
+  /// search over decompositions compares before it has the weights. Equals stages_time up to
+  /// rounding.
+  double phase_time(bytes_t total, std::size_t stages) const noexcept {
+    return transfer_time(total) + alpha_s * static_cast<double>(stages);
+  }
+  /// Direct sending in the fluid model: every NIC sends at once, so the phase lasts one
+  /// synchronisation plus the busiest NIC's bytes (sent or received); nothing to send costs 0.
+  double direct_time(bytes_t busiest_nic) const noexcept {
+    return busiest_nic > 0 ? stage_time(busiest_nic) : 0.0;
+  }
+  /// Throws fasta2a::error, its message starting with `who`, unless alpha_s is finite and
+  /// non-negative and the bandwidth finite and positive.
+  void check(const char* who) const {
+    if (!std::isfinite(alpha_s) || alpha_s < 0)
+      throw error(std::string(who) + ": alpha must be a finite, non-negative number of seconds, got " +
+                  std::to_string(alpha_s));
+    if (!std::isfinite(bandwidth) || bandwidth <= 0)
+      throw error(std::string(who) + ": the scale-out bandwidth must be finite and positive, got " +
+                  std::to_string(bandwidth));
+  }
+};
+
 /// What the planner needs to know of a cluster: S servers of G GPUs, rank r = s * G + k on server s
 /// with local index k, which is also its rail (NIC k of every server talks to NIC k of the others).
 /// Bandwidths are bytes per second per direction: per GPU port (switch) or per GPU pair (mesh) for
-/// scale-up, per NIC for scale-out.
+/// scale-up, per NIC for scale-out; the scale-out alpha is seconds per stage (scaleout_model).
 template <class T>
 concept Topology = requires(const T& t, rank_t r, int s, int k) {
   { t.servers() } -> std::convertible_to<int>;
@@ -33,21 +82,30 @@ concept Topology = requires(const T& t, rank_t r, int s, int k) {
   { t.scaleup() } -> std::same_as<scaleup_kind>;
   { t.scaleup_bandwidth() } -> std::convertible_to<double>;
   { t.scaleout_bandwidth() } -> std::convertible_to<double>;
+  { t.scaleout_alpha() } -> std::convertible_to<double>;
 };
 
-/// Bandwidth figures of one server type; shared by both topology templates.
+/// The scale-out model of a topology: its per-stage alpha and NIC bandwidth.
+template <Topology T>
+scaleout_model scaleout_of(const T& t) {
+  return {static_cast<double>(t.scaleout_alpha()), static_cast<double>(t.scaleout_bandwidth())};
+}
+
+/// Link figures of one server type; shared by both topology templates. The scale-out figures
+/// default to scaleout_model's: one 400 Gb/s NIC per GPU, 10 us per stage.
 struct link_model {
   scaleup_kind kind = scaleup_kind::switch_fabric;
   double scaleup_bandwidth = 450e9; ///< bytes/s per direction, per port (switch) or per pair (mesh)
-  double scaleout_bandwidth = 50e9; ///< bytes/s per direction per NIC
+  double scaleout_bandwidth = scaleout_model::default_bandwidth; ///< bytes/s per direction per NIC
+  double scaleout_alpha = scaleout_model::default_alpha_s;       ///< seconds per rail stage
 };
 
 /// NVIDIA H200 server: 8 GPUs on NVSwitch (about 450 GB/s per direction per GPU), one 400 Gb/s
-/// NIC per GPU.
-inline constexpr link_model h200_links{scaleup_kind::switch_fabric, 450e9, 50e9};
+/// NIC per GPU (the scale-out defaults).
+inline constexpr link_model h200_links{scaleup_kind::switch_fabric, 450e9};
 /// AMD MI300X server: 8 GPUs in an xGMI full mesh (about 64 GB/s per direction per pair, 7 links
-/// per GPU), one 400 Gb/s NIC per GPU.
-inline constexpr link_model mi300x_links{scaleup_kind::mesh, 64e9, 50e9};
+/// per GPU), one 400 Gb/s NIC per GPU (the scale-out defaults).
+inline constexpr link_model mi300x_links{scaleup_kind::mesh, 64e9};
 
 namespace detail {
 inline void check_shape(long long servers, long long gpus) {
@@ -62,6 +120,7 @@ inline void check_shape(long long servers, long long gpus) {
 inline void check_links(const link_model& l) {
   if (!(l.scaleup_bandwidth > 0) || !(l.scaleout_bandwidth > 0))
     throw error("topology bandwidths must be positive");
+  scaleout_model{l.scaleout_alpha, l.scaleout_bandwidth}.check("topology");
 }
 /// What both topology templates share: the server count and the link figures, checked once.
 class topology_base {
@@ -70,6 +129,7 @@ public:
   scaleup_kind scaleup() const noexcept { return links_.kind; }
   double scaleup_bandwidth() const noexcept { return links_.scaleup_bandwidth; }
   double scaleout_bandwidth() const noexcept { return links_.scaleout_bandwidth; }
+  double scaleout_alpha() const noexcept { return links_.scaleout_alpha; }
   const link_model& links() const noexcept { return links_; }
 
 protected:
@@ -86,7 +146,8 @@ protected:
 /// A two-tier topology whose sizes are chosen at run time.
 class two_tier_topology : public detail::topology_base {
 public:
-  /// Throws fasta2a::error if servers < 1, gpus_per_server < 1 or a bandwidth is not positive.
+  /// Throws fasta2a::error if servers < 1, gpus_per_server < 1, a bandwidth is not positive or the
+  /// scale-out alpha is negative.
   two_tier_topology(int servers, int gpus_per_server, link_model links = h200_links)
       : topology_base(servers, gpus_per_server, links), gpus_(gpus_per_server) {}
   int gpus_per_server() const noexcept { return gpus_; }

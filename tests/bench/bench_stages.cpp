@@ -71,7 +71,7 @@ std::string size_name(bytes_t b) {
 
 int main(int argc, char** argv) {
   const int max_servers = argc > 1 ? std::atoi(argv[1]) : 512;
-  const double bout = 50e9;
+  const double bout = scaleout_model{}.bandwidth; // one 400 Gb/s NIC, the default
   std::vector<traffic_matrix> trace;
   if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
   std::printf("# scale-out phase, alpha-beta MODEL: sum over stages of (alpha + weight / 50 GB/s), as a ratio to LB_out;\n"
@@ -101,16 +101,15 @@ int main(int argc, char** argv) {
               nic[i] += t(i, j);
               nic[n + j] += t(i, j);
             }
-        const double direct_bytes_s = static_cast<double>(*std::max_element(nic.begin(), nic.end())) / bout;
+        const bytes_t busiest_nic = *std::max_element(nic.begin(), nic.end());
         const outcome b = run(birkhoff_decomposer{}, m);
         const outcome bn = run(bottleneck_decomposer{}, m);
         for (double alpha : {0.0, 5e-6, 20e-6}) {
-          const outcome q = run(quantized_decomposer(alpha, bout, quantum_rule::formula), m);
-          const bytes_t quantum = quantized_decomposer::formula_quantum(m, alpha, bout);
-          auto ratio = [&](const outcome& o) {
-            return lb > 0 ? (alpha * static_cast<double>(o.stages) + static_cast<double>(o.weight) / bout) / lb : 0.0;
-          };
-          const double direct = lb > 0 ? (alpha + direct_bytes_s) / lb : 0.0;
+          const scaleout_model net{alpha, bout};
+          const outcome q = run(quantized_decomposer(net, quantum_rule::formula), m);
+          const bytes_t quantum = quantized_decomposer::formula_quantum(m, net);
+          auto ratio = [&](const outcome& o) { return lb > 0 ? net.phase_time(o.weight, o.stages) / lb : 0.0; };
+          const double direct = lb > 0 ? net.stage_time(busiest_nic) / lb : 0.0;
           const double all[] = {ratio(b), ratio(bn), ratio(q), direct};
           const char* names[] = {"Birkhoff", "bottleneck", "quantised", "direct"};
           const int best = static_cast<int>(std::min_element(all, all + 4) - all);
