@@ -63,3 +63,25 @@ TEST_CASE("verify.catches_broken_plans") {
   broken([&](plan& p) { p.staging_bytes[p.rail_target(p.pieces[inter])] = 0; }, "staging");
   broken([&](plan& p) { p.message_count[1] += 1; }, "");
 }
+
+TEST_CASE("verify.granules_whose_products_pass_64_bits_plan_and_verify") {
+  // G x granule and S x granule wrap modulo 2^64 for these granules: the planner once divided by
+  // the wrapped 0 (SIGFPE) and the verifier once called its own exact plans wrong (issue 12, 1-2).
+  struct shape {
+    int S, G;
+    bytes_t granule;
+  };
+  for (const shape c : {shape{2, 2, bytes_t{1} << 63}, shape{2, 8, bytes_t{1} << 61}, shape{4, 2, bytes_t{1} << 62},
+                        shape{3, 4, ~bytes_t{0}}, shape{2, 2, (bytes_t{1} << 63) + 1}}) {
+    CAPTURE(c.S);
+    CAPTURE(c.G);
+    CAPTURE(c.granule);
+    const rank_t n = c.S * c.G;
+    traffic_matrix t = traffic_matrix::Constant(n, n, 1);
+    t(0, n - 1) = 1000; // one message that is not a multiple of anything here
+    planner<two_tier_topology> pl(two_tier_topology(c.S, c.G), {.granule = c.granule});
+    const plan p = pl.make(t);
+    const verify_result r = verify(p, t, {.exact_lower_bound = true});
+    CHECK_MESSAGE(r.ok, r.error);
+  }
+}

@@ -39,8 +39,10 @@ struct plan_options {
 /// to the rails listed first in `order`. Returns the largest capacity.
 inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const int* order,
                                bytes_t* cap) {
-  const bytes_t unit = static_cast<bytes_t>(gpus) * granule;
-  const bytes_t base = (v / unit) * granule;
+  // G x granule past 64 bits is more than any v: every rail gets no whole granule then (the
+  // product must not wrap, or a unit of 0 would divide by zero).
+  bytes_t unit = 0;
+  const bytes_t base = __builtin_mul_overflow(static_cast<bytes_t>(gpus), granule, &unit) ? 0 : (v / unit) * granule;
   bytes_t rem = v - base * gpus; // < gpus * granule
   for (int k = 0; k < gpus; ++k) cap[k] = base;
   bytes_t top = base;

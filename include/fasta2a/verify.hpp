@@ -189,8 +189,11 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
     if (total < bound)
       return fail("stage weights sum to " + to_string(total) + ", below the lower bound " +
                   to_string(bound) + " per rail");
-    const bytes_t slack = static_cast<bytes_t>(S) * p.granule;
-    if (opt.exact_lower_bound && total > bound + slack)
+    // S granules of rounding at most; a product or sum past 64 bits means no bound at all.
+    bytes_t slack = 0, limit = 0;
+    const bool unbounded = __builtin_mul_overflow(static_cast<bytes_t>(S), p.granule, &slack) ||
+                           __builtin_add_overflow(bound, slack, &limit);
+    if (opt.exact_lower_bound && !unbounded && total > limit)
       return fail("stage weights sum to " + to_string(total) + ", above the lower bound " +
                   to_string(bound) + " plus rounding " + to_string(slack));
   }
