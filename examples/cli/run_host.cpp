@@ -18,6 +18,9 @@
 #include <fasta2a/traffic.hpp>
 
 #include <algorithm>
+#include <system_error>
+#include <mutex>
+#include <condition_variable>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -56,8 +59,26 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
   std::atomic<bytes_t> checked{0};
   run_figures f;
   std::vector<std::thread> threads;
-  for (rank_t r = 0; r < n; ++r)
+  // Every rank waits for the word to start: if the system cannot give one rank its thread, the
+  // ones already made leave at once instead of waiting for it until their timeout.
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  int gate = 0; // 0 waiting, 1 go, -1 abandon
+  auto open_gate = [&](int word) {
+    {
+      std::lock_guard lock(gate_mutex);
+      gate = word;
+    }
+    gate_cv.notify_all();
+  };
+  std::string spawn_error;
+  for (rank_t r = 0; r < n && spawn_error.empty(); ++r) try {
     threads.emplace_back([&, r] {
+      {
+        std::unique_lock lock(gate_mutex);
+        gate_cv.wait(lock, [&] { return gate != 0; });
+        if (gate < 0) return;
+      }
       try {
         fa::host_bootstrap boot(fabric, r);
         fa::host_transport tr(fabric, r);
@@ -88,7 +109,13 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
         sync.arrive_and_drop();
       }
     });
+  } catch (const std::system_error& e) {
+    spawn_error = "cannot start the thread of rank " + std::to_string(r) + " of " + std::to_string(n) + " (" + e.what() +
+                  "): every rank is a thread here; run fewer ranks or raise the process's thread and memory limits";
+  }
+  open_gate(spawn_error.empty() ? 1 : -1);
   for (auto& th : threads) th.join();
+  if (!spawn_error.empty()) throw fa::error(spawn_error);
   for (rank_t r = 0; r < n; ++r)
     if (!errors[r].empty()) {
       if (errors[r].find("are wrong") != std::string::npos) throw delivery_failure(errors[r]);
