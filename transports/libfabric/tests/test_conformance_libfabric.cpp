@@ -5,7 +5,8 @@
 //   test_conformance_libfabric --world=tcp|tcp_delayed|shm|shm_delayed|tcp_completion [doctest options]
 //
 // tcp is "tcp;ofi_rxm" (signals ordered by the provider's write-after-write order), shm orders
-// signals by delivery-complete puts, tcp_completion forces that on tcp. Exits 77 (ctest: skipped)
+// signals after the puts' local completions, tcp_completion forces that on tcp (with
+// FI_DELIVERY_COMPLETE). Exits 77 (ctest: skipped)
 // when the world's provider cannot be used here, saying why.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -28,6 +29,7 @@ struct world_config {
   std::string key = "tcp";
   std::string provider = "tcp;ofi_rxm";
   fasta2a::fi_signal_ordering ordering = fasta2a::fi_signal_ordering::automatic;
+  bool delivery_complete = false;
   int delay_us = 0;
   std::string label = "libfabric tcp;ofi_rxm";
 };
@@ -42,7 +44,7 @@ constexpr std::size_t chunk = 40009;
 
 /// Ranks as threads, each with its own libfabric_transport over the configured provider.
 struct libfabric_world {
-  static inline const char* name = "libfabric";
+  static inline std::string name = "libfabric";
   using bootstrap = fasta2a::host_bootstrap;
   using transport = fasta2a::libfabric_transport;
   static fasta2a::rank_t ranks(fasta2a::rank_t preferred) { return preferred; }
@@ -53,6 +55,7 @@ struct libfabric_world {
     fasta2a::libfabric_options o;
     o.provider = config().provider;
     o.ordering = config().ordering;
+    o.delivery_complete = config().delivery_complete;
     o.timeout = timeout;
     o.max_put_bytes = chunk;
     return o;
@@ -89,7 +92,10 @@ bool choose_world(const std::string& key) {
   else if (key == "shm" || key == "shm_delayed") c.provider = "shm";
   else return false;
   c.delay_us = key.ends_with("_delayed") ? 300 : 0;
-  if (key == "tcp_completion") c.ordering = fasta2a::fi_signal_ordering::wait_for_completion;
+  if (key == "tcp_completion") {
+    c.ordering = fasta2a::fi_signal_ordering::wait_for_completion;
+    c.delivery_complete = true;
+  }
   c.label = "libfabric " + c.provider + (c.delay_us ? ", random delays" : "") +
             (key == "tcp_completion" ? ", signals after delivery-complete puts" : "");
   return true;
@@ -111,7 +117,7 @@ int main(int argc, char** argv) {
                  key.c_str());
     return 2;
   }
-  libfabric_world::name = config().label.c_str();
+  libfabric_world::name = config().label;
   std::string why;
   if (!fasta2a::libfabric_transport::available(config().provider, &why)) {
     std::printf("SKIPPED: libfabric provider \"%s\" is not usable here: %s\n", config().provider.c_str(), why.c_str());

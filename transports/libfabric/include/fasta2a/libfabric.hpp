@@ -21,6 +21,7 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -40,9 +41,9 @@ enum class fi_signal_ordering : std::uint8_t {
   /// Post the signal right after the puts: the endpoint is opened with FI_ORDER_WAW, so the
   /// peer's provider applies the writes in the order they were posted.
   provider_order,
-  /// Post the signal only once every put it covers has completed locally with
-  /// FI_DELIVERY_COMPLETE (its bytes are visible at the peer). Deferred, never blocking: the
-  /// signal waits in a queue that every call of the transport advances.
+  /// Post the signal only once every put it covers has completed locally (with
+  /// FI_DELIVERY_COMPLETE where libfabric_options::delivery_complete asks for it). Deferred, never
+  /// blocking: the signal waits in a queue that every call of the transport advances.
   wait_for_completion,
 };
 
@@ -50,7 +51,7 @@ inline const char* to_string(fi_signal_ordering o) noexcept {
   switch (o) {
   case fi_signal_ordering::automatic: return "automatic";
   case fi_signal_ordering::provider_order: return "provider write-after-write order";
-  case fi_signal_ordering::wait_for_completion: return "signal after delivery-complete puts";
+  case fi_signal_ordering::wait_for_completion: return "signal after the puts' completions";
   }
   return "?";
 }
@@ -63,6 +64,15 @@ struct libfabric_options {
   std::string provider;
   /// How signals are ordered after puts (see fi_signal_ordering).
   fi_signal_ordering ordering = fi_signal_ordering::automatic;
+  /// With wait_for_completion, whether puts ask for FI_DELIVERY_COMPLETE (the bytes are placed
+  /// at the peer when the put completes) rather than the provider's default transmit completion.
+  /// Off by default because shm 1.17 never completes such writes between endpoints of one process
+  /// (fi_writemsg returns -FI_EAGAIN for good, measured); shm's default completion suffices there:
+  /// writes under 4096 bytes complete once queued in the receiver's command queue, which it
+  /// processes in order (so ahead of a later signal), larger ones only once the receiver has
+  /// processed them (fi_shm(7)). Turn it on for providers whose transmit completion promises
+  /// neither.
+  bool delivery_complete = false;
   /// How wait() and flush() poll the completion queue.
   wait_policy waiting{};
   /// How long a put or signal retries a busy endpoint (-FI_EAGAIN) and flush() waits for its
@@ -100,8 +110,9 @@ using fi_info_ptr = std::unique_ptr<fi_info, fi_info_deleter>;
 
 /// What fi_getinfo offers for `provider` with RMA writes and remote CQ data on an RDM endpoint;
 /// with `ordered`, only endpoints that order write after write; otherwise ones whose writes can
-/// be asked to complete on delivery. Null with `why` set if there is none.
-inline fi_info_ptr fi_query(const std::string& provider, bool ordered, std::string* why) {
+/// be asked to complete on delivery; with neither, what the provider offers by default. Null with
+/// `why` set if there is none.
+inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ordered, std::string* why) {
   fi_info_ptr hints(fi_allocinfo());
   if (!hints) throw error("libfabric_transport: fi_allocinfo failed (out of memory)");
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
@@ -111,16 +122,16 @@ inline fi_info_ptr fi_query(const std::string& provider, bool ordered, std::stri
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->fabric_attr->prov_name = strdup(provider.c_str());
-  if (ordered) {
+  if (ordered == true) {
     hints->tx_attr->msg_order = FI_ORDER_WAW;
     hints->rx_attr->msg_order = FI_ORDER_WAW;
-  } else {
+  } else if (ordered == false) {
     hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   }
   fi_info* info = nullptr;
   const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints.get(), &info);
   if (rc != 0) {
-    if (why) *why = std::string("fi_getinfo for provider \"") + provider + "\"" + (ordered ? " with FI_ORDER_WAW" : "") + ": " + fi_strerror(-rc);
+    if (why) *why = std::string("fi_getinfo for provider \"") + provider + "\"" + (ordered == true ? " with FI_ORDER_WAW" : ordered == false ? " with FI_DELIVERY_COMPLETE" : "") + ": " + fi_strerror(-rc);
     return nullptr;
   }
   return fi_info_ptr(info);
@@ -246,9 +257,9 @@ public:
   /// if not, `why` says what fi_getinfo answered.
   static bool available(const std::string& provider = {}, std::string* why = nullptr) {
     const std::string p = detail::fi_resolve_provider(provider);
-    std::string w1, w2;
-    if (detail::fi_query(p, true, &w1) || detail::fi_query(p, false, &w2)) return true;
-    if (why) *why = w1 + "; " + w2;
+    std::string w;
+    if (detail::fi_query(p, std::nullopt, &w)) return true;
+    if (why) *why = w;
     return false;
   }
 
@@ -262,6 +273,7 @@ public:
   std::string describe() const {
     return "libfabric provider " + provider_ + " (fabric " + fabric_name_ + ", domain " + domain_name_ + "), " +
            (virt_addr_ ? "virtual addresses" : "offsets") + " as remote addresses, " + to_string(ordering_) +
+           (ordering_ == fi_signal_ordering::wait_for_completion ? (delivery_ ? " (delivery complete)" : " (transmit complete)") : "") +
            ", writes of at most " + std::to_string(chunk_) + " bytes";
   }
   rank_t rank() const noexcept { return rank_; }
@@ -388,7 +400,16 @@ private:
 
   void open() {
     std::string why_ordered, why_any;
-    if (opt_.ordering != fi_signal_ordering::wait_for_completion) info_ = detail::fi_query(provider_, true, &why_ordered);
+    if (opt_.ordering == fi_signal_ordering::provider_order) {
+      info_ = detail::fi_query(provider_, true, &why_ordered);
+    } else if (opt_.ordering == fi_signal_ordering::automatic) {
+      // Rely on order only where the provider offers it unasked: shm 1.17 answers a request for
+      // FI_ORDER_WAW with an info that claims it, while its own default reports
+      // max_order_waw_size 0 (and the project's measurements say shm does not order writes).
+      detail::fi_info_ptr plain = detail::fi_query(provider_, std::nullopt, &why_ordered);
+      if (plain && (plain->tx_attr->msg_order & FI_ORDER_WAW) != 0 && plain->ep_attr->max_order_waw_size > 0)
+        info_ = detail::fi_query(provider_, true, &why_ordered);
+    }
     if (info_ && info_->ep_attr->max_order_waw_size == 0) info_.reset(); // ordered in name only
     if (info_) {
       ordering_ = fi_signal_ordering::provider_order;
@@ -397,7 +418,7 @@ private:
         throw error("libfabric_transport: provider \"" + provider_ + "\" does not order write after write (" +
                     (why_ordered.empty() ? "max_order_waw_size is 0" : why_ordered) +
                     "); use fi_signal_ordering::automatic or wait_for_completion");
-      info_ = detail::fi_query(provider_, false, &why_any);
+      info_ = detail::fi_query(provider_, opt_.delivery_complete ? std::optional<bool>(false) : std::nullopt, &why_any);
       if (!info_)
         throw error("libfabric_transport: provider \"" + provider_ + "\" is not available for RMA on reliable-datagram "
                     "endpoints: " + why_any + " (choose one with FASTA2A_FI_PROVIDER; fi_info -l lists them)");
@@ -419,7 +440,8 @@ private:
       chunk_ = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, i->ep_attr->max_order_waw_size));
     if (opt_.max_put_bytes > 0) chunk_ = std::min(chunk_, opt_.max_put_bytes);
     if (chunk_ == 0) throw error("libfabric_transport: provider \"" + provider_ + "\" reports max_msg_size 0");
-    write_flags_ = FI_COMPLETION | (ordering_ == fi_signal_ordering::wait_for_completion ? FI_DELIVERY_COMPLETE : 0);
+    delivery_ = ordering_ == fi_signal_ordering::wait_for_completion && opt_.delivery_complete;
+    write_flags_ = FI_COMPLETION | (delivery_ ? FI_DELIVERY_COMPLETE : 0);
 
     detail::fi_check(fi_fabric(i->fabric_attr, &fabric_, nullptr), "fi_fabric");
     detail::fi_check(fi_domain(fabric_, i, &domain_, nullptr), "fi_domain");
@@ -779,6 +801,7 @@ private:
   fid_av* av_ = nullptr;
   fid_ep* ep_ = nullptr;
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
+  bool delivery_ = false;        ///< puts ask for FI_DELIVERY_COMPLETE
   std::uint64_t write_flags_ = 0;
   std::size_t chunk_ = 0;
   std::uint64_t next_key_ = 1;
