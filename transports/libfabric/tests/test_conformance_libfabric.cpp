@@ -11,7 +11,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -104,6 +106,83 @@ bool choose_world(const std::string& key) {
 } // namespace
 
 TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, libfabric_world);
+
+// What the transport says when it cannot work, on every world (they need no second provider).
+TEST_CASE("libfabric: errors name the provider and the libfabric call") {
+  using namespace fasta2a;
+  SUBCASE("a provider that does not exist") {
+    std::string why;
+    CHECK_FALSE(libfabric_transport::available("no-such-provider", &why));
+    CHECK(why.find("fi_getinfo") != std::string::npos);
+    host_fabric one(1);
+    host_bootstrap boot(one, 0);
+    libfabric_options o;
+    o.provider = "no-such-provider";
+    try {
+      libfabric_transport t(boot, o);
+      FAIL("a transport was made over a provider that does not exist");
+    } catch (const error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("\"no-such-provider\"") != std::string::npos);
+      CHECK(what.find("fi_getinfo") != std::string::npos);
+      CHECK(what.find("FASTA2A_FI_PROVIDER") != std::string::npos);
+    }
+  }
+  SUBCASE("the environment chooses the provider when the options do not") {
+    ::setenv("FASTA2A_FI_PROVIDER", "no-such-provider", 1);
+    std::string why;
+    const bool ok = libfabric_transport::available({}, &why);
+    ::unsetenv("FASTA2A_FI_PROVIDER");
+    CHECK_FALSE(ok);
+    CHECK(why.find("no-such-provider") != std::string::npos);
+  }
+  // Needs provider order on one rank, which only tcp;ofi_rxm offers here.
+  if (config().provider == "tcp;ofi_rxm") SUBCASE("ranks that chose different orderings fail together") {
+    host_fabric two(2, std::chrono::milliseconds(10000));
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (rank_t r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          host_bootstrap boot(two, r);
+          libfabric_options o;
+          o.provider = "tcp;ofi_rxm";
+          o.ordering = r == 0 ? fi_signal_ordering::provider_order : fi_signal_ordering::wait_for_completion;
+          libfabric_transport t(boot, o);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) {
+      INFO(e);
+      CHECK(e.find("every rank must use the same") != std::string::npos);
+    }
+  }
+  SUBCASE("a put out of bounds or on a channel that is not there") {
+    host_fabric one(1);
+    host_bootstrap boot(one, 0);
+    libfabric_options o = libfabric_world::options(std::chrono::milliseconds(5000));
+    libfabric_transport t(boot, o);
+    std::vector<std::byte> buf(64);
+    auto mem = t.register_memory(buf.data(), buf.size());
+    const auto self = t.deserialize(0, t.serialize(mem));
+    auto c = t.connect(2);
+    CHECK_THROWS_WITH_AS(c.put(0, mem, 32, self, 0, 64, 0), doctest::Contains("out of bounds"), error);
+    CHECK_THROWS_WITH_AS(c.signal(0, 2), doctest::Contains("2 channels"), error);
+    CHECK_THROWS_WITH_AS(c.put(1, mem, 0, self, 0, 1, 0), doctest::Contains("1 ranks"), error);
+    // And a put to itself works, signalled and awaited like any other.
+    std::fill(buf.begin(), buf.begin() + 32, std::byte{7});
+    c.put(0, mem, 0, self, 32, 32, 1);
+    c.signal(0, 1);
+    CHECK(c.wait(0, 1, 1, std::chrono::milliseconds(5000)));
+    CHECK(buf[63] == std::byte{7});
+    c.flush();
+    CHECK(c.sent(0, 1, 1));
+    t.deregister(mem);
+  }
+}
 
 int main(int argc, char** argv) {
   std::vector<char*> rest;
