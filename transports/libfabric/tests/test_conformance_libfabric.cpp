@@ -91,9 +91,12 @@ bool choose_world(const std::string& key) {
   world_config& c = config();
   c.key = key;
   if (key == "tcp" || key == "tcp_delayed" || key == "tcp_completion") c.provider = "tcp;ofi_rxm";
-  else if (key == "shm" || key == "shm_delayed") c.provider = "shm";
+  else if (key == "shm" || key == "shm_delayed" || key == "shm_order_delayed") c.provider = "shm";
   else return false;
   c.delay_us = key.ends_with("_delayed") ? 300 : 0;
+  // Not a ctest world: shm forced to trust the write-after-write order it claims when asked
+  // (a diagnostic; automatic never chooses it).
+  if (key == "shm_order_delayed") c.ordering = fasta2a::fi_signal_ordering::provider_order;
   if (key == "tcp_completion") {
     c.ordering = fasta2a::fi_signal_ordering::wait_for_completion;
     c.delivery_complete = true;
