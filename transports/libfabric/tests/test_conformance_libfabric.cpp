@@ -76,7 +76,19 @@ struct libfabric_world {
           fasta2a::testing::probe pr = fasta2a::testing::delaying_probe(
               max_delay(), static_cast<std::uint64_t>(r) * 7919u + static_cast<std::uint64_t>(config().delay_us));
           fasta2a::testing::probed_transport<fasta2a::libfabric_transport> tr(base, pr);
-          f(r, boot, tr, pr);
+          std::string failed;
+          try {
+            f(r, boot, tr, pr);
+          } catch (const std::exception& e) {
+            failed = e.what();
+            if (failed.empty()) failed = "(empty error)";
+          }
+          // No endpoint closes while a peer of this process may still touch it (see quiesce()):
+          // everyone stops, completes what it started, and only then closes.
+          boot.allgather({}, {});
+          base.quiesce();
+          boot.allgather({}, {});
+          if (!failed.empty()) throw fasta2a::error(failed);
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = e.what();
           if (errors[static_cast<std::size_t>(r)].empty()) errors[static_cast<std::size_t>(r)] = "(empty error)";
