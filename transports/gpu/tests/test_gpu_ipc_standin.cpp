@@ -77,8 +77,12 @@ struct gpu_world {
 
 /// One all-to-allv of t on device buffers from gpu_memory, checked byte for byte (through copies
 /// to the host, as on a real device).
+/// The buffers are freed only after every rank has finished the call: a peer that has nothing to
+/// put into a buffer may open its IPC handle after its owner has finished (an IPC handle of freed
+/// memory does not open, on a real runtime as on the stand-in).
 template <class Engine>
-void device_call_checked(Engine& eng, fasta2a::gpu_memory& mem, const fasta2a::traffic_matrix& t, rank_t r, std::size_t elem) {
+void device_call_checked(Engine& eng, fasta2a::host_bootstrap& boot, fasta2a::gpu_memory& mem, const fasta2a::traffic_matrix& t,
+                         rank_t r, std::size_t elem) {
   using namespace fasta2a;
   using namespace fasta2a::testing;
   const rank_t n = static_cast<rank_t>(t.rows());
@@ -93,6 +97,7 @@ void device_call_checked(Engine& eng, fasta2a::gpu_memory& mem, const fasta2a::t
                 l.recv_counts, l.recv_displs, elem);
   gpu::memcpy_async(recv.data(), drecv.data(), recv.size(), mem.stream());
   mem.synchronize();
+  boot.allgather({}, {});
   eng.forget_buffer(dsend.data());
   eng.forget_buffer(drecv.data());
   std::vector<char> written(recv.size(), 0);
@@ -129,7 +134,7 @@ std::vector<std::string> run_device_engine(int S, int G, const std::vector<fasta
         engine_options opt;
         opt.rail_window = rail_window;
         engine<two_tier_topology, host_bootstrap, ipc, ipc, D, gpu_memory> eng(two_tier_topology(S, G), boot, up, out, opt, D{}, mem);
-        for (const traffic_matrix& t : calls) device_call_checked(eng, mem, t, r, elem);
+        for (const traffic_matrix& t : calls) device_call_checked(eng, boot, mem, t, r, elem);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
