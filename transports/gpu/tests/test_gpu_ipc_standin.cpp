@@ -273,3 +273,34 @@ TEST_CASE("gpu_ipc.signal: a signal is not seen before the puts it covers, over 
   CHECK(caught == 0);
 #endif
 }
+
+TEST_CASE("gpu_standin.streams: a stream wait on a value and on an event holds back later work, in order") {
+  namespace gpu = fasta2a::gpu;
+  standin_settings st(200, 3, false);
+  gpu::device_buffer b(4096);
+  auto* flag = reinterpret_cast<std::uint64_t*>(b.data());
+  std::byte* data = b.data() + 64;
+  const std::vector<std::byte> zero(4096, std::byte{0}), ones(1024, std::byte{1});
+  gpu::stream a, c;
+  gpu::memcpy_async(b.data(), zero.data(), zero.size(), a.get());
+  a.synchronize();
+  // c waits for the flag a writes after its copy: c's copy back must see the copy.
+  gpu::wait_value64(c.get(), flag, 1);
+  std::vector<std::byte> back(1024, std::byte{7});
+  gpu::memcpy_async(back.data(), data, back.size(), c.get());
+  gpu::memcpy_async(data, ones.data(), ones.size(), a.get());
+  gpu::write_value64(a.get(), flag, 1);
+  c.synchronize();
+  CHECK(back == ones);
+  // An event: c's copy after stream_wait_event sees a's later copy.
+  const std::vector<std::byte> twos(1024, std::byte{2});
+  gpu::memcpy_async(data, twos.data(), twos.size(), a.get());
+  gpu::event e;
+  e.record(a.get());
+  gpu::stream_wait_event(c.get(), e.get());
+  gpu::memcpy_async(back.data(), data, back.size(), c.get());
+  c.synchronize();
+  CHECK(e.done());
+  CHECK(back == twos);
+  CHECK(gpu::read_value64(flag, c.get()) == 1);
+}
