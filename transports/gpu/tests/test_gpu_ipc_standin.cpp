@@ -5,6 +5,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <memory>
 #include <random>
 #include <string>
@@ -303,4 +306,35 @@ TEST_CASE("gpu_standin.streams: a stream wait on a value and on an event holds b
   CHECK(e.done());
   CHECK(back == twos);
   CHECK(gpu::read_value64(flag, c.get()) == 1);
+}
+
+TEST_CASE("gpu_standin.ipc: a device allocation's IPC handle opens in another process, at an offset") {
+  namespace gpu = fasta2a::gpu;
+  standin_settings st(0, 1, false);
+  gpu::device_buffer b(8192);
+  for (std::size_t i = 0; i < 8192; ++i) b.data()[i] = static_cast<std::byte>(i % 251);
+  void* base = nullptr;
+  std::size_t len = 0;
+  REQUIRE(gpu::address_range(b.data() + 100, &base, &len));
+  CHECK(base == b.data());
+  const gpu::ipc_handle_t h = gpu::ipc_get_handle(base);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Only async-signal-safe-ish work here: map, read, write, unmap, exit.
+    void* p = nullptr;
+    int rc = 0;
+    if (fasta2a::gpu_standin::ipc_open_mem_handle(&p, h) != fasta2a::gpu_standin::status::success) _exit(2);
+    auto* q = static_cast<std::byte*>(p);
+    for (std::size_t i = 0; i < 8192; ++i)
+      if (q[i] != static_cast<std::byte>(i % 251)) rc = 3;
+    q[4000] = std::byte{0xAB};
+    (void)fasta2a::gpu_standin::ipc_close_mem_handle(p);
+    _exit(rc);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(b.data()[4000] == std::byte{0xAB});
 }
