@@ -1,0 +1,357 @@
+// fasta2a's stand-in of the few GPU runtime calls the library uses, for tests on machines without
+// a GPU. It checks ordering and bookkeeping, never performance: nothing it measures is a GPU figure.
+//
+// - A stream is a worker thread running its queued operations in order; each operation may first
+//   sleep a random time (settings().max_delay_us, seeded per stream), which is what exposes work
+//   enqueued on the wrong stream.
+// - An event records a generation on a stream; querying it, or a stream waiting on it, compares
+//   the generation the stream has reached with the one recorded.
+// - Device memory comes from POSIX shared memory (shm_open + mmap), so that an IPC handle (the
+//   segment's name and size) opens in another thread or process as a second mapping of the same
+//   pages. A pointer that does not come from this allocator has no IPC handle (an error), unless
+//   settings().host_pointers_in_process is set: then its handle is the address itself and opens
+//   only in the same process (what lets the conformance suite, whose buffers are std::vectors,
+//   run over the GPU transport; no real runtime can do this).
+// - Stream write / wait of a 64-bit value: an atomic release store / a wait until an acquire load
+//   is >= the value, in stream order.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+namespace fasta2a::gpu_standin {
+
+enum class status : int { success = 0, invalid_value = 1, out_of_memory = 2, not_ready = 600, ipc_failed = 201 };
+
+inline const char* error_string(status s) noexcept {
+  switch (s) {
+  case status::success: return "success";
+  case status::invalid_value: return "invalid value (stand-in)";
+  case status::out_of_memory: return "out of shared memory (stand-in)";
+  case status::not_ready: return "not ready";
+  case status::ipc_failed: return "no IPC handle: the pointer is not from the stand-in allocator, or the handle does not open here";
+  }
+  return "?";
+}
+
+struct config {
+  int devices = 1;
+  std::uint32_t max_delay_us = 0; ///< each operation first sleeps [0, max) us with probability 1/2
+  std::uint64_t seed = 1;
+  bool host_pointers_in_process = false;
+};
+inline config& settings() {
+  static config c;
+  return c;
+}
+
+/// The IPC handle: 64 bytes, as CUDA's and HIP's.
+struct ipc_mem_handle {
+  char bytes[64];
+};
+
+namespace detail {
+struct segment {
+  std::string name;
+  std::size_t size;
+};
+struct registry {
+  std::mutex m;
+  std::map<std::uintptr_t, segment> allocations; ///< by base address
+  std::map<std::uintptr_t, std::size_t> opened;  ///< mappings made by ipc_open, by address
+  std::uint64_t next = 0;
+};
+inline registry& reg() {
+  static registry r;
+  return r;
+}
+struct handle_layout { // inside ipc_mem_handle::bytes
+  std::uint64_t kind;  // 1: shared-memory segment, 2: in-process host pointer
+  std::uint64_t size;  // segment size (kind 1)
+  std::uint64_t where; // pid (kind 2: with the address in name)
+  char name[40];
+};
+static_assert(sizeof(handle_layout) == 64);
+} // namespace detail
+
+/// A stream: a worker thread and its queue.
+class stream_impl {
+public:
+  explicit stream_impl(std::uint64_t seed) : rng_(seed), worker_([this] { loop(); }) {}
+  stream_impl(const stream_impl&) = delete;
+  stream_impl& operator=(const stream_impl&) = delete;
+  ~stream_impl() {
+    {
+      std::lock_guard l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void enqueue(std::function<void()> op) {
+    {
+      std::lock_guard l(m_);
+      q_.push_back(std::move(op));
+      ++issued_;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock l(m_);
+    const std::uint64_t target = issued_;
+    done_cv_.wait(l, [&] { return done_ >= target; });
+  }
+  /// How many operations have been enqueued / completed (an event's generation).
+  std::uint64_t issued() {
+    std::lock_guard l(m_);
+    return issued_;
+  }
+  std::uint64_t done() const noexcept { return done_atomic_.load(std::memory_order_acquire); }
+  bool stopping() const noexcept { return stop_flag_.load(std::memory_order_relaxed); }
+
+private:
+  void loop() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock l(m_);
+        cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        if (stop_) stop_flag_.store(true, std::memory_order_relaxed);
+        op = std::move(q_.front());
+        q_.pop_front();
+      }
+      const std::uint32_t d = settings().max_delay_us;
+      if (d > 0 && !stopping()) {
+        std::uniform_int_distribution<std::uint32_t> u(0, 2 * d - 1);
+        const std::uint32_t x = u(rng_);
+        if (x < d) std::this_thread::sleep_for(std::chrono::microseconds(x));
+      }
+      op();
+      {
+        std::lock_guard l(m_);
+        ++done_;
+        done_atomic_.store(done_, std::memory_order_release);
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> q_;
+  std::uint64_t issued_ = 0, done_ = 0;
+  std::atomic<std::uint64_t> done_atomic_{0};
+  std::atomic<bool> stop_flag_{false};
+  bool stop_ = false;
+  std::mt19937_64 rng_;
+  std::thread worker_; // last: started once everything above exists
+};
+using stream_t = stream_impl*;
+
+/// An event: the stream it was last recorded on and that stream's generation then.
+struct event_impl {
+  std::mutex m;
+  stream_impl* s = nullptr;
+  std::uint64_t gen = 0;
+  bool done() {
+    std::lock_guard l(m);
+    return s == nullptr || s->done() >= gen;
+  }
+};
+using event_t = event_impl*;
+
+inline status get_device_count(int* n) {
+  *n = settings().devices;
+  return status::success;
+}
+
+inline status malloc_device(void** p, std::size_t n) {
+  auto& r = detail::reg();
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t size = n == 0 ? page : (n + page - 1) / page * page;
+  std::string name;
+  {
+    std::lock_guard l(r.m);
+    name = "/fasta2a-si-" + std::to_string(getpid()) + "-" + std::to_string(r.next++);
+  }
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return status::out_of_memory;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return status::out_of_memory;
+  }
+  void* a = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (a == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return status::out_of_memory;
+  }
+  std::lock_guard l(r.m);
+  r.allocations[reinterpret_cast<std::uintptr_t>(a)] = {name, size};
+  *p = a;
+  return status::success;
+}
+
+inline status free_device(void* p) {
+  if (!p) return status::success;
+  auto& r = detail::reg();
+  std::lock_guard l(r.m);
+  auto it = r.allocations.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == r.allocations.end()) return status::invalid_value;
+  // Peers that opened the segment keep their mapping; the name goes now.
+  shm_unlink(it->second.name.c_str());
+  munmap(p, it->second.size);
+  r.allocations.erase(it);
+  return status::success;
+}
+
+/// The allocation (this process's own) containing p.
+inline status get_address_range(const void* p, void** base, std::size_t* size) {
+  auto& r = detail::reg();
+  std::lock_guard l(r.m);
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = r.allocations.upper_bound(a);
+  if (it == r.allocations.begin()) return status::invalid_value;
+  --it;
+  if (a >= it->first + it->second.size) return status::invalid_value;
+  *base = reinterpret_cast<void*>(it->first);
+  *size = it->second.size;
+  return status::success;
+}
+
+inline status stream_create(stream_t* s) {
+  static std::atomic<std::uint64_t> streams{0};
+  *s = new stream_impl(settings().seed * 0x9e3779b97f4a7c15ull + streams.fetch_add(1));
+  return status::success;
+}
+inline status stream_destroy(stream_t s) {
+  delete s; // runs what is queued first, like a real runtime's deferred destruction
+  return status::success;
+}
+inline status stream_synchronize(stream_t s) {
+  s->synchronize();
+  return status::success;
+}
+
+inline status memcpy_async(void* dst, const void* src, std::size_t n, stream_t s) {
+  if (n) s->enqueue([dst, src, n] { std::memcpy(dst, src, n); });
+  return status::success;
+}
+
+inline status event_create(event_t* e) {
+  *e = new event_impl;
+  return status::success;
+}
+inline status event_destroy(event_t e) {
+  delete e;
+  return status::success;
+}
+inline status event_record(event_t e, stream_t s) {
+  std::lock_guard l(e->m);
+  e->s = s;
+  e->gen = s->issued(); // complete once the stream has run everything enqueued so far
+  return status::success;
+}
+inline status event_query(event_t e) { return e->done() ? status::success : status::not_ready; }
+inline status stream_wait_event(stream_t s, event_t e) {
+  stream_impl* on;
+  std::uint64_t gen;
+  {
+    std::lock_guard l(e->m);
+    on = e->s;
+    gen = e->gen;
+  }
+  if (on) s->enqueue([on, gen, s] {
+      while (on->done() < gen && !s->stopping()) std::this_thread::sleep_for(std::chrono::microseconds(5));
+    });
+  return status::success;
+}
+
+inline status write_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
+  s->enqueue([addr, v] { std::atomic_ref<std::uint64_t>(*addr).store(v, std::memory_order_release); });
+  return status::success;
+}
+inline status wait_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
+  s->enqueue([addr, v, s] {
+    while (std::atomic_ref<std::uint64_t>(*addr).load(std::memory_order_acquire) < v && !s->stopping())
+      std::this_thread::sleep_for(std::chrono::microseconds(5));
+  });
+  return status::success;
+}
+/// What the host reads of a value that streams write (device memory is host memory here).
+inline std::uint64_t read_value64(const std::uint64_t* addr) {
+  return std::atomic_ref<const std::uint64_t>(*addr).load(std::memory_order_acquire);
+}
+
+inline status ipc_get_mem_handle(ipc_mem_handle* h, void* p) {
+  detail::handle_layout l{};
+  auto& r = detail::reg();
+  {
+    std::lock_guard g(r.m);
+    auto it = r.allocations.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it != r.allocations.end()) {
+      l.kind = 1;
+      l.size = it->second.size;
+      std::snprintf(l.name, sizeof l.name, "%s", it->second.name.c_str());
+    }
+  }
+  if (l.kind == 0) {
+    if (!settings().host_pointers_in_process) return status::ipc_failed;
+    l.kind = 2;
+    l.where = static_cast<std::uint64_t>(getpid());
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::memcpy(l.name, &a, sizeof a);
+  }
+  std::memcpy(h->bytes, &l, sizeof l);
+  return status::success;
+}
+inline status ipc_open_mem_handle(void** p, const ipc_mem_handle& h) {
+  detail::handle_layout l;
+  std::memcpy(&l, h.bytes, sizeof l);
+  if (l.kind == 2) {
+    if (l.where != static_cast<std::uint64_t>(getpid())) return status::ipc_failed;
+    std::uintptr_t a;
+    std::memcpy(&a, l.name, sizeof a);
+    *p = reinterpret_cast<void*>(a);
+    return status::success;
+  }
+  if (l.kind != 1) return status::invalid_value;
+  l.name[sizeof l.name - 1] = '\0';
+  const int fd = shm_open(l.name, O_RDWR, 0600);
+  if (fd < 0) return status::ipc_failed;
+  void* a = mmap(nullptr, l.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (a == MAP_FAILED) return status::ipc_failed;
+  auto& r = detail::reg();
+  std::lock_guard g(r.m);
+  r.opened[reinterpret_cast<std::uintptr_t>(a)] = l.size;
+  *p = a;
+  return status::success;
+}
+inline status ipc_close_mem_handle(void* p) {
+  auto& r = detail::reg();
+  std::lock_guard g(r.m);
+  auto it = r.opened.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == r.opened.end()) return status::success; // an in-process host pointer: nothing mapped
+  munmap(p, it->second);
+  r.opened.erase(it);
+  return status::success;
+}
+
+} // namespace fasta2a::gpu_standin
