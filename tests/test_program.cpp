@@ -189,6 +189,7 @@ TEST_CASE("program.every_byte_lands_once_where_it_belongs_birkhoff") { check_ran
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_bottleneck") { check_random_plans<bottleneck_decomposer>(12, 80); }
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_spread_out") { check_random_plans<spread_out_decomposer>(13, 80); }
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_direct") { check_random_plans<direct_decomposer>(14, 80); }
+TEST_CASE("program.every_byte_lands_once_where_it_belongs_slack") { check_random_plans<slack_decomposer>(15, 80); }
 
 TEST_CASE("program.a_rank_view_gives_the_same_program_as_the_whole_plan") {
   std::mt19937_64 rng(5);

@@ -32,10 +32,11 @@ Topology:
                           mesh: MI300X xGMI, 64 GB/s per GPU pair
 Planning:
   --decomposer NAME       how the FAST plan is staged: birkhoff (exact, the paper; default),
-                          bottleneck (exact, max-min matchings: fewer stages), quantized (weights
-                          in multiples of a quantum chosen from --alpha: bounded padding, far fewer
-                          stages), best (whichever of those three or spread-out the scale-out
-                          model predicts fastest),
+                          bottleneck (exact, max-min matchings: fewer stages), slack (exact,
+                          padding decided stage by stage: the fewest exact stages), quantized
+                          (weights in multiples of a quantum chosen from --alpha: bounded padding,
+                          far fewer stages), best (whichever of those four or spread-out the
+                          scale-out model predicts fastest),
                           spread-out, direct
   --adaptive              also predict direct sending, and send directly where that is faster
                           (small messages); the choice and its reason are printed and reported

@@ -18,7 +18,7 @@
 namespace fasta2a {
 
 /// What the decomposers that weigh stages against bytes need to know of the network. The others
-/// (birkhoff, bottleneck, spread-out, direct) ignore it.
+/// (birkhoff, bottleneck, slack, spread-out, direct) ignore it.
 struct decomposer_params {
   /// The scale-out network (alpha per stage, NIC bandwidth: scaleout_of(topology) gives a
   /// topology's): "quantized" chooses its quantum with it, "best" prices its members' stages with it.
@@ -29,20 +29,21 @@ struct decomposer_params {
   quantum_rule quantum = quantum_rule::formula;
 };
 
-/// The decomposer named "best": whichever of birkhoff, bottleneck, quantized and spread-out the
-/// scale-out model predicts fastest for each matrix (best_of_decomposer).
-using best_decomposer =
-    best_of_decomposer<birkhoff_decomposer, bottleneck_decomposer, quantized_decomposer, spread_out_decomposer>;
+/// The decomposer named "best": whichever of birkhoff, bottleneck, slack, quantized and spread-out
+/// the scale-out model predicts fastest for each matrix (best_of_decomposer).
+using best_decomposer = best_of_decomposer<birkhoff_decomposer, bottleneck_decomposer, slack_decomposer,
+                                           quantized_decomposer, spread_out_decomposer>;
 
 /// Every decomposer with_decomposer can make, in the order of decomposer_names(): a runtime can
 /// build a std::variant of its planners or engines over these types.
 using registered_decomposers = std::tuple<birkhoff_decomposer, bottleneck_decomposer, quantized_decomposer,
-                                          spread_out_decomposer, direct_decomposer, best_decomposer>;
+                                          spread_out_decomposer, direct_decomposer, best_decomposer, slack_decomposer>;
 
 namespace detail {
 
-inline constexpr std::array<std::string_view, 6> decomposer_name_table{"birkhoff", "bottleneck", "quantized",
-                                                                       "spread-out", "direct", "best"};
+inline constexpr std::array<std::string_view, 7> decomposer_name_table{"birkhoff", "bottleneck", "quantized",
+                                                                       "spread-out", "direct",   "best",
+                                                                       "slack"};
 static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decomposers>,
               "every registered decomposer has one name, and every name one decomposer");
 
@@ -50,7 +51,8 @@ static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decom
 
 /// The names with_decomposer accepts, in a fixed order: "birkhoff" (exact, the paper's
 /// decomposition), "bottleneck" (exact, fewer stages), "quantized" (weights in multiples of a
-/// quantum: bounded padding, far fewer stages), "spread-out" and "direct" (the baselines), "best".
+/// quantum: bounded padding, far fewer stages), "spread-out" and "direct" (the baselines), "best",
+/// "slack" (exact, padding decided stage by stage: the fewest stages of the exact ones).
 /// The i-th name makes the i-th type of registered_decomposers.
 inline std::span<const std::string_view> decomposer_names() noexcept { return detail::decomposer_name_table; }
 
@@ -89,12 +91,13 @@ decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p
   p.scaleout.check("decomposer_params::scaleout");
   if (name == "birkhoff") return std::forward<F>(f)(birkhoff_decomposer{});
   if (name == "bottleneck") return std::forward<F>(f)(bottleneck_decomposer{});
+  if (name == "slack") return std::forward<F>(f)(slack_decomposer{});
   if (name == "spread-out") return std::forward<F>(f)(spread_out_decomposer{});
   if (name == "direct") return std::forward<F>(f)(direct_decomposer{});
   const auto quantized = [&] { return quantized_decomposer(p.scaleout, p.quantum); };
   if (name == "quantized") return std::forward<F>(f)(quantized());
-  return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{},
-                                            bottleneck_decomposer{}, quantized(), spread_out_decomposer{}));
+  return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{},
+                                            slack_decomposer{}, quantized(), spread_out_decomposer{}));
 }
 
 } // namespace fasta2a

@@ -3,6 +3,9 @@
 // decompositions, at alpha = 0, 5 and 20 us per stage. Times are model figures (NIC 50 GB/s),
 // reported as ratios to LB_out (the scale-out lower bound), and the decomposition's wall time.
 // Usage: bench_stages [max_servers] (default 512: up to 4096 GPUs; the largest take minutes)
+//        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
+//                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
+//                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,6 +66,41 @@ outcome run(D dec, const server_matrix& m) {
   return o;
 }
 
+struct summary {
+  std::vector<std::size_t> v;
+  void add(std::size_t x) { v.push_back(x); }
+  std::string text() {
+    std::sort(v.begin(), v.end());
+    return std::to_string(v.front()) + " / " + std::to_string(v[v.size() / 2]) + " / " + std::to_string(v.back());
+  }
+};
+
+// Stage counts (min / median / max) of the exact decomposers over a set of traffic matrices.
+void counts_table(const char* label, const std::vector<traffic_matrix>& ts, int servers, bytes_t granule) {
+  const auto topo = two_tier_topology(servers, 8);
+  planner<two_tier_topology, birkhoff_decomposer> pk(topo, {.granule = granule});
+  planner<two_tier_topology, bottleneck_decomposer> pb(topo, {.granule = granule});
+  planner<two_tier_topology, slack_decomposer> ps(topo, {.granule = granule});
+  summary k, bk, bn, sl, kb;
+  plan p;
+  for (const traffic_matrix& t : ts) {
+    pk.make_into(t, p);
+    bk.add(p.stages());
+    std::size_t nz = 0;
+    for (Eigen::Index i = 0; i < pk.rail_matrix().rows(); ++i)
+      for (Eigen::Index j = 0; j < pk.rail_matrix().cols(); ++j) nz += pk.rail_matrix()(i, j) != 0;
+    k.add(nz);
+    kb.add(nz + 2 > 2 * static_cast<std::size_t>(servers) ? nz + 2 - 2 * static_cast<std::size_t>(servers) : 1);
+    pb.make_into(t, p);
+    bn.add(p.stages());
+    ps.make_into(t, p);
+    sl.add(p.stages());
+  }
+  std::printf("| %s | %zu | %s | %d | %s | %s | %s | %s |\n", label, ts.size(), k.text().c_str(),
+              servers * servers - 2 * servers + 2, kb.text().c_str(), bk.text().c_str(), bn.text().c_str(),
+              sl.text().c_str());
+}
+
 std::string size_name(bytes_t b) {
   return b >= (bytes_t{1} << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
 }
@@ -70,14 +108,26 @@ std::string size_name(bytes_t b) {
 } // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--counts") {
+    std::printf("# stages of the exact decomposers, min / median / max; k = non-zeros of the server matrix M;\n"
+                "# the Birkhoff bounds S^2 - 2S + 2 and k - 2S + 2 count permutations of a padded matrix (slack pads\n"
+                "# stage by stage, so they do not bound it). The FAST authors' scheduler: Megatron 6 / 8 / 9, Zipf 43 / 46 / 48.\n");
+    std::printf("| workload | matrices | k | S^2-2S+2 | k-2S+2 | Birkhoff | bottleneck | slack |\n|---|---|---|---|---|---|---|---|\n");
+    if (std::filesystem::exists(megatron)) counts_table("Megatron 4 x 8 (unit 8192)", read_trace(megatron, 32, 8192), 4, 1);
+    else std::printf("| Megatron: %s not found | | | | | | | |\n", megatron.c_str());
+    std::vector<traffic_matrix> z;
+    for (std::uint64_t seed = 1; seed <= 32; ++seed) z.push_back(zipf_traffic(64, 1.0, bytes_t{64} << 20, seed));
+    counts_table("Zipf(1.0) 8 x 8, 64 MiB/GPU, seeds 1-32", z, 8, 1);
+    return 0;
+  }
   const int max_servers = argc > 1 ? std::atoi(argv[1]) : 512;
   const double bout = scaleout_model{}.bandwidth; // one 400 Gb/s NIC, the default
   std::vector<traffic_matrix> trace;
   if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
   std::printf("# scale-out phase, alpha-beta MODEL: sum over stages of (alpha + weight / 50 GB/s), as a ratio to LB_out;\n"
               "# stages; and decomposition wall time on this machine. q = the quantised decomposer's quantum (closed form).\n");
-  std::printf("| workload | GPUs | bytes/GPU | alpha | stages: Birkhoff / bottleneck / quantised (q) | model / LB_out: Birkhoff | bottleneck | quantised | direct | best | decompose ms: B / b / q |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| workload | GPUs | bytes/GPU | alpha | stages: Birkhoff / bottleneck / slack / quantised (q) | model / LB_out: Birkhoff | bottleneck | slack | quantised | direct | best | slack / LB_alpha | decompose ms: B / b / s / q |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
     if (servers > max_servers) break;
     for (const char* workload : {"zipf(0.8)", "zipf(1.2)", "hotspot", "megatron"}) {
@@ -104,19 +154,24 @@ int main(int argc, char** argv) {
         const bytes_t busiest_nic = *std::max_element(nic.begin(), nic.end());
         const outcome b = run(birkhoff_decomposer{}, m);
         const outcome bn = run(bottleneck_decomposer{}, m);
+        const outcome sl = run(slack_decomposer{}, m);
         for (double alpha : {0.0, 5e-6, 20e-6}) {
           const scaleout_model net{alpha, bout};
           const outcome q = run(quantized_decomposer(net, quantum_rule::formula), m);
           const bytes_t quantum = quantized_decomposer::formula_quantum(m, net);
           auto ratio = [&](const outcome& o) { return lb > 0 ? net.phase_time(o.weight, o.stages) / lb : 0.0; };
           const double direct = lb > 0 ? net.stage_time(busiest_nic) / lb : 0.0;
-          const double all[] = {ratio(b), ratio(bn), ratio(q), direct};
-          const char* names[] = {"Birkhoff", "bottleneck", "quantised", "direct"};
-          const int best = static_cast<int>(std::min_element(all, all + 4) - all);
-          std::printf("| %s | %d | %s | %g us | %zu / %zu / %zu (%s) | %.3f | %.3f | %.3f | %.3f | %s | %.1f / %.1f / %.1f |\n",
-                      workload, n, size_name(per_gpu).c_str(), alpha * 1e6, b.stages, bn.stages, q.stages,
+          const double all[] = {ratio(b), ratio(bn), ratio(sl), ratio(q), direct};
+          const char* names[] = {"Birkhoff", "bottleneck", "slack", "quantised", "direct"};
+          const int best = static_cast<int>(std::min_element(all, all + 5) - all);
+          // The stage-aware bound: LB_out plus S - 1 stages' alpha (no one-to-one schedule of a
+          // matrix whose server pairs all carry traffic has fewer stages).
+          const double lb_alpha = lb + (servers - 1) * alpha;
+          const double slack_alpha = lb_alpha > 0 ? net.phase_time(sl.weight, sl.stages) / lb_alpha : 0.0;
+          std::printf("| %s | %d | %s | %g us | %zu / %zu / %zu / %zu (%s) | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.1f / %.1f / %.1f / %.1f |\n",
+                      workload, n, size_name(per_gpu).c_str(), alpha * 1e6, b.stages, bn.stages, sl.stages, q.stages,
                       quantum >= 1024 ? size_name(quantum).c_str() : (std::to_string(quantum) + " B").c_str(),
-                      all[0], all[1], all[2], all[3], names[best], b.ms, bn.ms, q.ms);
+                      all[0], all[1], all[2], all[3], all[4], names[best], slack_alpha, b.ms, bn.ms, sl.ms, q.ms);
           std::fflush(stdout);
         }
       }

@@ -315,7 +315,8 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
           for (const traffic_matrix& t : calls) engine_call_checked(eng, t, me, elem);
         };
         if (which == 0) go(birkhoff_decomposer{});
-        else if (which == 1) go(bottleneck_decomposer{});
+        else if (which == 1 && iter % 8 == 1) go(bottleneck_decomposer{});
+        else if (which == 1) go(slack_decomposer{}); // pairs short of the stage weight, idle servers
         else if (which == 2) go(spread_out_decomposer{});
         else go(direct_decomposer{});
       }, timeout));
