@@ -34,7 +34,8 @@ export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} MASTER_PORT=$port WORLD_SIZE=$n
 
 pids=()
 for ((r = 0; r < n; ++r)); do
-  (RANK=$r LOCAL_RANK=$r exec "$@") > >(sed "s/^/[rank $r] /") 2> >(sed "s/^/[rank $r] /" >&2) &
+  # Each rank leads a process group of its own (setsid), so that killing it kills its children too.
+  (RANK=$r LOCAL_RANK=$r exec setsid "$@") > >(sed -u "s/^/[rank $r] /") 2> >(sed -u "s/^/[rank $r] /" >&2) &
   pids+=($!)
 done
 
@@ -43,9 +44,9 @@ kill_rest() {
   ((killed)) && return
   killed=1
   local p
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done
   sleep 1
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
 }
 trap 'kill_rest; exit 130' INT TERM
 

@@ -35,6 +35,8 @@ int run_run(const std::vector<std::string_view>& args) {
     throw fa::error("--bootstrap tcp is not built into this fasta2a (it needs the libfabric transport)");
 #endif
   }
+  if (o.bootstrap == "mpi" && o.transport == "host")
+    throw fa::error("--bootstrap mpi needs processes started by mpirun (--transport mpi), not --transport host");
 #ifdef FASTA2A_HAVE_MPI
   if (o.transport == "mpi") return run_mpi(o);
 #endif
