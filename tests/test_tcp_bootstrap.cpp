@@ -68,19 +68,23 @@ std::byte content(rank_t r, std::uint64_t call, std::size_t i) {
 
 // ---- processes ------------------------------------------------------------------------------
 
-/// A forked process running one rank: it writes "<ms> <error text>" (or "<ms> ok") to a pipe.
+/// In a forked child: when the step under test began (the fork, unless the body says otherwise).
+clock_type::time_point step_start;
+
+/// A forked process running one rank: it writes "<ms> <error text>" (or "<ms> ok") to a pipe, the
+/// milliseconds counted from step_start.
 struct child {
   pid_t pid = -1;
   int out = -1;
   std::string text;
-  double seconds = -1; // from the fork to the end of the body, measured by the child
+  double seconds = -1; // from step_start to the end of the body, measured by the child
   bool finished = false;
 };
 
 child spawn(const std::function<void()>& body) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
-  const auto start = clock_type::now();
+  step_start = clock_type::now();
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -92,7 +96,7 @@ child spawn(const std::function<void()>& body) {
     } catch (const std::exception& e) {
       msg = e.what();
     }
-    const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start).count();
+    const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - step_start).count();
     const std::string line = std::to_string(ms) + " " + msg;
     [[maybe_unused]] const auto w = ::write(fds[1], line.data(), line.size());
     ::_exit(0);
@@ -150,7 +154,7 @@ struct root_port {
 };
 
 constexpr auto timeout = 2000ms;
-constexpr double slack_s = 1.5; // scheduling on a loaded 2-core machine
+constexpr double slack_s = 2.0; // scheduling on a loaded 2-core machine (load averages of 20-40 seen)
 
 void check_in_time(const child& c, double limit_s) {
   MESSAGE("pid " << c.pid << " ended after " << c.seconds << " s: " << c.text);
@@ -456,21 +460,25 @@ TEST_CASE("tcp_bootstrap.process.ranks_that_never_arrive_are_named_by_the_root_a
 
 namespace {
 
-/// Three processes start a bootstrap and do one good allgather; then rank `odd` does `what`
-/// (exits, or sleeps past the timeout) while the others start a second allgather.
+constexpr auto gather_timeout = 3000ms; // grace 1.5 s
+
+/// Three processes start a bootstrap and do one good allgather; then rank `odd` exits, or sleeps
+/// past the timeout and the grace, while the others start a second allgather (the step timed).
 std::vector<child> fail_in_allgather(rank_t odd, bool dies) {
   root_port rp;
   std::vector<child> cs;
   for (rank_t r = 0; r < 3; ++r)
     cs.push_back(spawn([&, r] {
-      tcp_bootstrap b = r == 0 ? tcp_bootstrap(rp.listener, opts(0, 3, 0, timeout)) : tcp_bootstrap(opts(r, 3, rp.port(), timeout));
+      tcp_bootstrap b = r == 0 ? tcp_bootstrap(rp.listener, opts(0, 3, 0, gather_timeout))
+                               : tcp_bootstrap(opts(r, 3, rp.port(), gather_timeout));
       std::vector<std::byte> m(100, static_cast<std::byte>(r)), a(300);
       b.allgather(m, a);
       if (r == odd) {
         if (dies) ::_exit(3); // gone without a word, mid-collective for the others
-        std::this_thread::sleep_for(3 * timeout);
+        std::this_thread::sleep_for(gather_timeout * 2);
         return;
       }
+      step_start = clock_type::now();
       b.allgather(m, a);
     }));
   collect(cs, 30s);
@@ -486,7 +494,7 @@ TEST_CASE("tcp_bootstrap.process.a_rank_that_dies_mid_allgather_is_named_on_ever
     INFO(c.text);
     CHECK(c.text.find("allgather #2: rank 2 (") != std::string::npos);
     CHECK(c.text.find("closed its connection") != std::string::npos);
-    check_in_time(c, 1.5); // a closed socket is seen at once, not at the timeout
+    check_in_time(c, 1.5); // a closed socket is seen at once, not at the 3 s timeout
   }
 }
 
@@ -496,8 +504,9 @@ TEST_CASE("tcp_bootstrap.process.a_rank_that_stops_mid_allgather_is_named_within
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
     CHECK(c.text.find("allgather #2: rank 1 (") != std::string::npos);
-    CHECK(c.text.find("did not send its blob within 2 s") != std::string::npos);
-    check_in_time(c, 2 + slack_s);
+    CHECK(c.text.find("did not send its blob within 3 s") != std::string::npos);
+    CHECK(c.seconds >= 2.9);
+    check_in_time(c, 3 + slack_s);
   }
 }
 
@@ -508,7 +517,7 @@ TEST_CASE("tcp_bootstrap.process.a_root_that_dies_mid_allgather_is_named") {
     INFO(c.text);
     CHECK(c.text.find("the root (rank 0 at 127.0.0.1:") != std::string::npos);
     CHECK(c.text.find("closed the connection during allgather #2") != std::string::npos);
-    check_in_time(c, 1.5);
+    check_in_time(c, 1.5); // at once, not at the 3 s timeout
   }
 }
 
@@ -518,7 +527,8 @@ TEST_CASE("tcp_bootstrap.process.a_root_that_stops_mid_allgather_is_named_after_
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
     CHECK(c.text.find("the root (rank 0 at 127.0.0.1:") != std::string::npos);
-    CHECK(c.text.find("did not answer allgather #2 within 3 s") != std::string::npos);
-    check_in_time(c, 3 + slack_s);
+    CHECK(c.text.find("did not answer allgather #2 within 4.5 s") != std::string::npos);
+    CHECK(c.seconds >= 4.4);
+    check_in_time(c, 4.5 + slack_s);
   }
 }
