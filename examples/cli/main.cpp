@@ -40,6 +40,8 @@ int run_run(const std::vector<std::string_view>& args) {
 #ifdef FASTA2A_HAVE_MPI
   if (o.transport == "mpi") return run_mpi(o);
 #endif
+  if (o.transport == "libfabric")
+    throw fa::error("--transport libfabric runs here with --bootstrap tcp (every process one rank, started without MPI)");
   if (o.transport != "host")
     throw fa::error("--transport " + o.transport + " is not built into this fasta2a (host only)");
   if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi");
