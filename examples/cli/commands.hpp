@@ -32,4 +32,11 @@ int run_host_command(const options& o);
 int run_mpi(const options& o);
 #endif
 
+#ifdef FASTA2A_HAVE_TCP_RUN
+/// `fasta2a run --bootstrap tcp --transport libfabric`: this process is one rank, found through
+/// fasta2a::tcp_bootstrap from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT). Returns the exit status; on an error the other ranks fail at their timeouts.
+int run_tcp(const options& o);
+#endif
+
 } // namespace cli

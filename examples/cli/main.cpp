@@ -21,13 +21,27 @@ namespace {
 int run_run(const std::vector<std::string_view>& args) {
   const std::optional<options> parsed = parse_options(args, true);
   if (!parsed) {
-    std::cout << run_usage << mpi_run_usage;
+    std::cout << run_usage << mpi_run_usage << tcp_run_usage;
     return 0;
   }
   const options& o = *parsed;
+  if (o.bootstrap == "tcp") {
+#ifdef FASTA2A_HAVE_TCP_RUN
+    if (o.transport != "libfabric")
+      throw fa::error("--bootstrap tcp runs with --transport libfabric (got --transport " + o.transport + ")");
+    if (o.compare_mpi) throw fa::error("--compare-mpi needs MPI, not --bootstrap tcp");
+    return run_tcp(o);
+#else
+    throw fa::error("--bootstrap tcp is not built into this fasta2a (it needs the libfabric transport)");
+#endif
+  }
+  if (o.bootstrap == "mpi" && o.transport == "host")
+    throw fa::error("--bootstrap mpi needs processes started by mpirun (--transport mpi), not --transport host");
 #ifdef FASTA2A_HAVE_MPI
   if (o.transport == "mpi") return run_mpi(o);
 #endif
+  if (o.transport == "libfabric")
+    throw fa::error("--transport libfabric runs here with --bootstrap tcp (every process one rank, started without MPI)");
   if (o.transport != "host")
     throw fa::error("--transport " + o.transport + " is not built into this fasta2a (host only)");
   if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi");

@@ -111,6 +111,23 @@ Over MPI (this fasta2a is built with the MPI transport), every process is one ra
 const char* const mpi_run_usage = "";
 #endif
 
+#ifdef FASTA2A_HAVE_TCP_RUN
+const char* const tcp_run_usage = R"(
+Without MPI (this fasta2a is built with the libfabric transport), every process is one rank, started
+by any launcher that sets torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; each
+may be given as FASTA2A_<NAME> instead, or FASTA2A_BOOTSTRAP_ID=host:port for the last two):
+  RANK=r WORLD_SIZE=N MASTER_ADDR=host MASTER_PORT=port fasta2a run --bootstrap tcp --transport libfabric --gpus G INPUT
+  --bootstrap tcp         ranks find each other through rank 0 over TCP (fasta2a::tcp_bootstrap;
+                          FASTA2A_BOOTSTRAP_TIMEOUT seconds, default 60); servers are N / G
+                          consecutive ranks
+  --transport libfabric   scale-up and scale-out over libfabric RMA (provider FASTA2A_FI_PROVIDER,
+                          default tcp;ofi_rxm; FI_TCP_IFACE pins the tcp provider to one NIC)
+  Times are the slowest rank's wall time per call after a barrier.
+)";
+#else
+const char* const tcp_run_usage = "";
+#endif
+
 namespace {
 
 /// A non-negative decimal integer that fits in `max`, or an error naming the option.
@@ -188,7 +205,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       throw fa::error("option " + std::string(flag) + " given more than once");
     const bool run_only =
         flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window" ||
-        flag == "--dump-program";
+        flag == "--dump-program" || flag == "--bootstrap";
     const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
@@ -260,12 +277,17 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     else if (flag == "--svg") o.svg_path = std::string(value());
     else if (flag == "--transport") {
       const std::string_view v = value();
-      if (v != "host" && v != "mpi") throw fa::error("--transport expects host or mpi, got '" + std::string(v) + "'");
+      if (v != "host" && v != "mpi" && v != "libfabric")
+        throw fa::error("--transport expects host, mpi or libfabric, got '" + std::string(v) + "'");
       o.transport = std::string(v);
     } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rail-window") o.rail_window = static_cast<std::size_t>(parse_positive_int(flag, value()));
     else if (flag == "--dump-program") o.dump_program = static_cast<int>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
-    else if (flag == "--compare-mpi") {
+    else if (flag == "--bootstrap") {
+      const std::string_view v = value();
+      if (v != "tcp" && v != "mpi") throw fa::error("--bootstrap expects tcp or mpi, got '" + std::string(v) + "'");
+      o.bootstrap = std::string(v);
+    } else if (flag == "--compare-mpi") {
       no_value();
       o.compare_mpi = true;
     } else throw fa::error("unknown option '" + std::string(flag) + "' (see " + command + " --help)");
@@ -274,7 +296,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
   // Options that only mean something with another one are errors alone: silently ignoring
   // `--unit 8192` on a generator would print a plan of other traffic than the user asked for.
   // Under MPI the servers follow from the process count and --gpus.
-  if (o.servers == 0 && !(run && o.transport == "mpi"))
+  if (o.servers == 0 && !(run && (o.transport == "mpi" || o.bootstrap == "tcp")))
     throw fa::error("--servers S is required (servers, at least 1)");
   if (o.gpus == 0) throw fa::error("--gpus G is required (GPUs per server, at least 1)");
   if (o.input == input_kind::none)

@@ -29,6 +29,8 @@ extern const char* const plan_usage;
 extern const char* const run_usage;
 /// Appended to run_usage: the MPI transport's options where it is built, else empty.
 extern const char* const mpi_run_usage;
+/// Appended to run_usage: `--bootstrap tcp` where it is built (with libfabric), else empty.
+extern const char* const tcp_run_usage;
 
 /// Which traffic the options ask for.
 enum class input_kind { none, matrix, uniform, zipf, hotspot, lognormal };
@@ -65,6 +67,9 @@ struct options {
   unsigned iters = 5;
   std::size_t rail_window = fa::engine_options{}.rail_window;
   bool compare_mpi = false;
+  /// --bootstrap: "tcp" (fasta2a::tcp_bootstrap, every process one rank), "mpi", or empty (the
+  /// transport's own: threads for host, MPI for mpi).
+  std::string bootstrap;
   /// --dump-program RANK: print that rank's rank program of the first call (-1: none).
   int dump_program = -1;
 };

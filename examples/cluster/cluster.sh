@@ -4,6 +4,13 @@
 #   cluster.sh up S G RATE_MBIT   S "servers" (network namespaces) x G ranks, one veth "NIC" per rank,
 #                                 every NIC shaped to RATE_MBIT Mbit/s on send and on receive
 #   cluster.sh run [--] CMD ARGS  one MPI job of S*G ranks across the servers (Open MPI)
+#   cluster.sh launch [-t SECONDS] [-p PORT] [--] CMD ARGS
+#                                 S*G processes of CMD without MPI, rank (s, k) in server s's
+#                                 namespace with torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+#                                 MASTER_ADDR (rank 0's NIC), MASTER_PORT (default 29500) and
+#                                 FI_TCP_IFACE=nic<k>; waits for all, kills the rest when one fails
+#                                 or the time limit (default 600 s) passes, exits with the worst
+#                                 status of the ranks that ended by themselves (124: time limit)
 #   cluster.sh counters           per-NIC bytes sent and received, and packets the shapers dropped
 #   cluster.sh status             what is up
 #   cluster.sh down               removes everything `up` made and restores every setting it changed
@@ -293,6 +300,86 @@ cmd_run() {
   return "$rc"
 }
 
+# Starts one process per rank without MPI (fasta2a::tcp_bootstrap reads the variables), each in its
+# server's namespace and UTS namespace (host name = the server's), its libfabric tcp provider pinned
+# to its own NIC. No process is left running in the server namespaces when this returns.
+cmd_launch() {
+  need_root
+  need_up
+  local limit=600 port=29500
+  while (($# > 0)); do
+    case $1 in
+      -t) limit=$2; shift 2 ;;
+      -p) port=$2; shift 2 ;;
+      --) shift; break ;;
+      *) break ;;
+    esac
+  done
+  [[ $limit =~ ^[0-9]+$ && $limit -ge 1 ]] || die "launch: -t needs a positive number of seconds, got '$limit'"
+  [[ $port =~ ^[0-9]+$ && $port -ge 1 && $port -le 65535 ]] || die "launch: -p needs a port, got '$port'"
+  (($# >= 1)) || die "usage: cluster.sh launch [-t SECONDS] [-p PORT] [--] COMMAND [ARGS...]"
+  local S G n s k r ns
+  S=$(state_get servers)
+  G=$(state_get gpus)
+  n=$((S * G))
+  LAUNCH_PIDS=()
+  LAUNCH_KILLED=0
+  launch_kill() {
+    ((LAUNCH_KILLED)) && return 0
+    LAUNCH_KILLED=1
+    local p
+    for p in "${LAUNCH_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    sleep 1
+    kill_ns_processes
+  }
+  cleanup_launch() {
+    local rc=$?
+    trap - EXIT INT TERM
+    launch_kill
+    exit "$rc"
+  }
+  trap cleanup_launch EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  for ((s = 0; s < S; ++s)); do
+    ns=$(ns_name "$s")
+    for ((k = 0; k < G; ++k)); do
+      r=$((s * G + k))
+      ip netns exec "$ns" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$ns" \
+        env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$k LOCAL_WORLD_SIZE=$G MASTER_ADDR="$(rank_ip 0 0)" MASTER_PORT="$port" \
+            FI_TCP_IFACE="nic$k" FASTA2A_NIC="nic$k" "$@" \
+        > >(sed -u "s/^/[rank $r] /") 2> >(sed -u "s/^/[rank $r] /" >&2) &
+      LAUNCH_PIDS+=($!)
+    done
+  done
+  local worst=0 left=$n start=$SECONDS i p rc
+  local -A finished=()
+  while ((left > 0)); do
+    for i in "${!LAUNCH_PIDS[@]}"; do
+      [[ -n ${finished[$i]:-} ]] && continue
+      p=${LAUNCH_PIDS[$i]}
+      kill -0 "$p" 2>/dev/null && continue
+      rc=0
+      wait "$p" || rc=$?
+      finished[$i]=1
+      left=$((left - 1))
+      if ((rc != 0 && !LAUNCH_KILLED)); then # ranks killed here do not count
+        note "launch: rank $i exited with status $rc; stopping the others"
+        ((rc > worst)) && worst=$rc
+        launch_kill
+      fi
+    done
+    if ((left > 0 && SECONDS - start >= limit)); then
+      note "launch: the ranks did not finish within $limit s; killing them"
+      worst=124
+      launch_kill
+      break
+    fi
+    ((left > 0)) && sleep 0.1
+  done
+  return "$worst"
+}
+
 # Per NIC: bytes the rank sent (tx) and received (rx), read from the kernel's counters of the
 # NIC's bridge end (its rx is the rank's tx), and packets dropped by the shapers on each side.
 cmd_counters() {
@@ -332,6 +419,7 @@ main() {
     up) cmd_up "$@" ;;
     down) cmd_down ;;
     run) cmd_run "$@" ;;
+    launch) cmd_launch "$@" ;;
     counters) cmd_counters ;;
     status) cmd_status ;;
     state-dir) echo "$STATE_DIR" ;;

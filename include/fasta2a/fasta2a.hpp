@@ -18,6 +18,7 @@
 #include "fasta2a/program.hpp"
 #include "fasta2a/registry.hpp"
 #include "fasta2a/svg.hpp"
+#include "fasta2a/tcp_bootstrap.hpp"
 #include "fasta2a/topology.hpp"
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/transport.hpp"
