@@ -12,6 +12,7 @@
 #include <deque>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fasta2a/common.hpp"

@@ -679,7 +679,7 @@ private:
     if (seq >> seq_bits) throw error("verbs_transport: more than 2^40 work requests to rank " + std::to_string(peer));
     const bool sig = signalled || q.since_signal + 1 >= signal_every_;
     wr.wr_id = (static_cast<std::uint64_t>(peer) << seq_bits) | seq;
-    wr.send_flags = sig ? IBV_SEND_SIGNALED : 0;
+    wr.send_flags = sig ? static_cast<unsigned>(IBV_SEND_SIGNALED) : 0u;
     wr.next = nullptr;
     ibv_send_wr* bad = nullptr;
     if (const int rc = ibv_post_send(q.qp, &wr, &bad); rc != 0)
