@@ -129,11 +129,13 @@ inline ib_opened ib_open(const std::string& requested, int port_requested, std::
     return out;
   }
   std::string seen, problems;
+  bool named = false;
   for (int d = 0; d < num; ++d) {
     const char* name = ibv_get_device_name(list[d]);
     const std::string dev_name = name ? name : "?";
     seen += (seen.empty() ? "" : ", ") + dev_name;
     if (!want.empty() && dev_name != want) continue;
+    named = true;
     ibv_context* ctx = ibv_open_device(list[d]);
     if (ctx == nullptr) {
       problems += "; " + dev_name + ": ibv_open_device: " + ib_errno(errno);
@@ -166,7 +168,7 @@ inline ib_opened ib_open(const std::string& requested, int port_requested, std::
       problems += "; " + dev_name + " has " + std::to_string(attr.phys_port_cnt) + " port(s), not port " + std::to_string(want_port);
     ibv_close_device(ctx);
   }
-  if (!want.empty() && seen.find(want) == std::string::npos)
+  if (!want.empty() && !named)
     *why = "RDMA device \"" + want + "\" not found (devices: " + seen + "; FASTA2A_IB_DEVICE or verbs_options::device)";
   else
     *why = "no active port on RDMA device(s) " + (want.empty() ? seen : want) + problems;
@@ -492,8 +494,9 @@ private:
 
     pd_ = ibv_alloc_pd(ctx_);
     if (pd_ == nullptr) throw error("verbs_transport: ibv_alloc_pd failed: " + detail::ib_errno(errno));
-    // Every signalled send and every receive of every queue pair may sit in the queue at once.
-    const std::uint64_t cqe = static_cast<std::uint64_t>(size_) * (send_depth_ / signal_every_ + 2 + recv_depth_);
+    // Every send (signals always ask for a completion, so a burst of them may all be signalled)
+    // and every receive of every queue pair may sit in the queue at once.
+    const std::uint64_t cqe = static_cast<std::uint64_t>(size_) * (send_depth_ + recv_depth_);
     if (cqe > static_cast<std::uint64_t>(dev.max_cqe))
       throw error("verbs_transport: " + std::to_string(size_) + " queue pairs need " + std::to_string(cqe) +
                   " completion queue entries, " + device_ + " offers " + std::to_string(dev.max_cqe) +
