@@ -44,7 +44,7 @@ void exercise(verbs_transport& t) {
   CHECK_FALSE(t.device().empty());
   CHECK(t.port() >= 1);
   if (!t.registers(memory_kind::cuda_device)) {
-    CHECK_THROWS_WITH_AS(t.register_memory(buf.data(), 64, memory_kind::cuda_device), doctest::Contains("bounce"), error);
+    CHECK_THROWS_WITH_AS(t.register_memory(buf.data(), 64, memory_kind::cuda_device, 0), doctest::Contains("bounce"), error);
   }
   // Not a dma-buf fd: the registration fails, saying so.
   CHECK_THROWS_WITH_AS(t.register_dmabuf(buf.data(), 64, -1, 0), doctest::Contains("ibv_reg_dmabuf_mr"), error);

@@ -148,10 +148,11 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
 
 } // namespace detail
 
-/// A Transport over libfabric RMA (host memory). Every rank makes one with the same Bootstrap
-/// group; the constructor is collective (it allgathers endpoint names). Non-copyable, non-movable
-/// (its connections point to it). Not thread-safe: a transport and its connections are used by
-/// one thread at a time (the endpoint is opened with FI_THREAD_DOMAIN).
+/// A Transport over libfabric RMA (host memory; device memory where FI_HMEM allows). Every rank
+/// makes one with the same Bootstrap group; the constructor is collective (it allgathers endpoint
+/// names). Non-copyable, non-movable (its connections point to it). Not thread-safe: a transport
+/// and its connections are used by one thread at a time (the endpoint is opened with
+/// FI_THREAD_DOMAIN).
 ///
 /// - One endpoint, one completion queue, one address vector (every rank's fi_getname blob).
 /// - `register_memory` is fi_mr_reg with FI_WRITE | FI_REMOTE_WRITE; a handle is (base, key,

@@ -356,9 +356,10 @@ public:
     return m;
   }
   /// Registers [p, p + n) of memory of kind k: host memory as above; device memory through a
-  /// dma-buf fd from verbs_options::dmabuf_export. Throws fasta2a::error if `registers(k)` is
-  /// false, the export fails or ibv_reg_dmabuf_mr does.
-  memory register_memory(void* p, std::size_t n, memory_kind k) {
+  /// dma-buf fd from verbs_options::dmabuf_export (which knows the device: the last argument, the
+  /// device ordinal, is there so that every RDMA transport takes the same call). Throws
+  /// fasta2a::error if `registers(k)` is false, the export fails or ibv_reg_dmabuf_mr does.
+  memory register_memory(void* p, std::size_t n, memory_kind k, int /*device*/ = 0) {
     if (k == memory_kind::host) return register_memory(p, n);
     if (!registers(k))
       throw error(std::string("verbs_transport::register_memory: cannot register ") + to_string(k) + " memory on " + device_ +
