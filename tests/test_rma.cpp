@@ -37,7 +37,7 @@ TEST_CASE("code64: every field round trips, including the extremes, and out-of-r
   CHECK_THROWS_WITH_AS(code64::encode(0, 0, static_cast<channel_id>(code64::max_channels)), doctest::Contains("channel"), error);
 }
 
-TEST_CASE("imm32: connection, channel and sequence round trip; the sequence wraps at 4096; limits are named") {
+TEST_CASE("imm32: connection, channel and sequence round trip, the sequence wraps at 4096, limits are named") {
   std::mt19937_64 rng(12);
   for (int i = 0; i < 20000; ++i) {
     const auto conn = static_cast<std::uint32_t>(rng() % imm32::max_connections);
@@ -84,7 +84,7 @@ TEST_CASE("chunks: every chunk but the last is full, lengths sum to the put, off
   CHECK_THROWS_AS(for_each_chunk(5, 0, [](std::size_t, std::size_t) {}), error);
 }
 
-TEST_CASE("watermark: completions in any order give the longest completed prefix; bad completions are refused") {
+TEST_CASE("watermark: completions in any order give the longest completed prefix, and bad completions are refused") {
   std::mt19937_64 rng(14);
   for (int trial = 0; trial < 300; ++trial) {
     watermark w;
@@ -189,7 +189,7 @@ TEST_CASE("signal_track: sent_upto never runs ahead of the puts, deferred signal
   }
 }
 
-TEST_CASE("connection_table: counts apart per connection, peer and channel; early signals kept; limits named") {
+TEST_CASE("connection_table: counts apart per connection, peer and channel, keeps early signals, names limits") {
   std::mt19937_64 rng(16);
   const rank_t ranks = 5;
   connection_table<> t("test_transport", ranks, 8, 16);
