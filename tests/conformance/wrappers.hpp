@@ -112,6 +112,13 @@ public:
     ++p_->connections;
     return connection(t_->connect(channels), p_);
   }
+  /// Only where T has it (libfabric, verbs): the engine treats a transport without `registers`
+  /// as registering every kind its `can_register` allows.
+  bool registers(memory_kind k) const
+    requires requires(const T& t) { t.registers(memory_kind::host); }
+  {
+    return t_->registers(k);
+  }
 
 private:
   T* t_;

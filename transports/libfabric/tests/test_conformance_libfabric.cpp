@@ -197,7 +197,37 @@ TEST_CASE("libfabric: errors name the provider and the libfabric call") {
     CHECK(c.sent(0, 1, 1));
     t.deregister(mem);
   }
+  SUBCASE("device memory: registers() agrees with what the endpoint offers, and a refusal says bounce") {
+    host_fabric one(1);
+    host_bootstrap boot(one, 0);
+    libfabric_transport t(boot, libfabric_world::options(std::chrono::milliseconds(5000)));
+    const std::string d = t.describe();
+    INFO(d);
+    CHECK(t.registers(memory_kind::host));
+    CHECK(t.registers(memory_kind::cuda_device) == (d.find("CUDA yes") != std::string::npos));
+    CHECK(t.registers(memory_kind::hip_device) == (d.find("ROCr yes") != std::string::npos));
+    MESSAGE("provider " << t.provider() << ": CUDA memory " << (t.registers(memory_kind::cuda_device) ? "registered directly" : "bounced")
+                        << ", ROCr memory " << (t.registers(memory_kind::hip_device) ? "registered directly" : "bounced"));
+    std::vector<std::byte> buf(64);
+    if (!t.registers(memory_kind::cuda_device))
+      CHECK_THROWS_WITH_AS(t.register_memory(buf.data(), buf.size(), memory_kind::cuda_device, 0), doctest::Contains("bounce"), error);
+    // Host memory through the kind-taking overload is plain registration.
+    auto mem = t.register_memory(buf.data(), buf.size(), memory_kind::host, 0);
+    CHECK(mem.mr != nullptr);
+    t.deregister(mem);
+    libfabric_options off = libfabric_world::options(std::chrono::milliseconds(5000));
+    off.hmem = false;
+    libfabric_transport plain(boot, off);
+    CHECK_FALSE(plain.registers(memory_kind::cuda_device));
+    CHECK(plain.describe().find("no FI_HMEM") != std::string::npos);
+  }
 }
+
+// The test wrapper passes registers() on only where the transport has it (the engine's rule).
+template <class T>
+concept has_registers = requires(const T& t) { t.registers(fasta2a::memory_kind::host); };
+static_assert(has_registers<fasta2a::testing::probed_transport<fasta2a::libfabric_transport>>);
+static_assert(!has_registers<fasta2a::testing::probed_transport<fasta2a::host_transport>>);
 
 int main(int argc, char** argv) {
   std::vector<char*> rest;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fasta2a/common.hpp"
+#include "fasta2a/rma.hpp"
 #include "fasta2a/transport.hpp"
 
 namespace fasta2a {
@@ -81,6 +82,10 @@ struct libfabric_options {
   /// The largest single RMA write; longer puts are cut (0: the provider's max_msg_size, and where
   /// order is relied on, its max_order_waw_size).
   std::size_t max_put_bytes = 0;
+  /// Whether to open the endpoint with FI_HMEM where the provider offers it, so that device
+  /// memory can be registered directly (`registers`, `register_memory(p, n, kind, device)`).
+  /// Where the provider does not offer it, the endpoint is opened without (host memory only).
+  bool hmem = true;
 };
 
 namespace detail {
@@ -112,7 +117,7 @@ using fi_info_ptr = std::unique_ptr<fi_info, fi_info_deleter>;
 /// with `ordered`, only endpoints that order write after write; otherwise ones whose writes can
 /// be asked to complete on delivery; with neither, what the provider offers by default. Null with
 /// `why` set if there is none.
-inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ordered, std::string* why) {
+inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ordered, std::string* why, bool hmem = false) {
   fi_info_ptr hints(fi_allocinfo());
   if (!hints) throw error("libfabric_transport: fi_allocinfo failed (out of memory)");
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
@@ -121,6 +126,10 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  if (hmem) {
+    hints->caps |= FI_HMEM;
+    hints->domain_attr->mr_mode |= FI_MR_HMEM;
+  }
   hints->fabric_attr->prov_name = strdup(provider.c_str());
   if (ordered == true) {
     hints->tx_attr->msg_order = FI_ORDER_WAW;
@@ -131,7 +140,7 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
   fi_info* info = nullptr;
   const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints.get(), &info);
   if (rc != 0) {
-    if (why) *why = std::string("fi_getinfo for provider \"") + provider + "\"" + (ordered == true ? " with FI_ORDER_WAW" : ordered == false ? " with FI_DELIVERY_COMPLETE" : "") + ": " + fi_strerror(-rc);
+    if (why) *why = std::string("fi_getinfo for provider \"") + provider + "\"" + (hmem ? " with FI_HMEM" : "") + (ordered == true ? " with FI_ORDER_WAW" : ordered == false ? " with FI_DELIVERY_COMPLETE" : "") + ": " + fi_strerror(-rc);
     return nullptr;
   }
   return fi_info_ptr(info);
@@ -139,10 +148,11 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
 
 } // namespace detail
 
-/// A Transport over libfabric RMA (host memory). Every rank makes one with the same Bootstrap
-/// group; the constructor is collective (it allgathers endpoint names). Non-copyable, non-movable
-/// (its connections point to it). Not thread-safe: a transport and its connections are used by
-/// one thread at a time (the endpoint is opened with FI_THREAD_DOMAIN).
+/// A Transport over libfabric RMA (host memory; device memory where FI_HMEM allows). Every rank
+/// makes one with the same Bootstrap group; the constructor is collective (it allgathers endpoint
+/// names). Non-copyable, non-movable (its connections point to it). Not thread-safe: a transport
+/// and its connections are used by one thread at a time (the endpoint is opened with
+/// FI_THREAD_DOMAIN).
 ///
 /// - One endpoint, one completion queue, one address vector (every rank's fi_getname blob).
 /// - `register_memory` is fi_mr_reg with FI_WRITE | FI_REMOTE_WRITE; a handle is (base, key,
@@ -157,9 +167,6 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
 /// - Progress is manual: every call of a connection reads the completion queue, and waits poll
 ///   it under the wait_policy; a rank must keep calling wait/test while peers write to it.
 class libfabric_transport {
-  struct conn_state;
-  struct lane_state;
-
 public:
   /// Local memory: the region and its registration.
   struct memory {
@@ -178,7 +185,9 @@ public:
   };
   /// A serialized handle: base, key and size, 8 bytes each.
   static constexpr std::size_t handle_bytes = 24;
-  static constexpr bool can_register(memory_kind k) noexcept { return k == memory_kind::host; }
+  /// Host memory always; device memory (CUDA, ROCr) where the provider registers it (FI_HMEM):
+  /// ask `registers(kind)` at run time, and register it with register_memory(p, n, kind, device).
+  static constexpr bool can_register(memory_kind) noexcept { return true; }
 
   /// One owner's connection: its own signal counters, sharing the transport's endpoint. Move-only;
   /// must not outlive its transport.
@@ -223,7 +232,8 @@ public:
   /// ranks chose different providers.
   template <Bootstrap B>
   explicit libfabric_transport(B& boot, libfabric_options opt = {})
-      : opt_(std::move(opt)), rank_(boot.rank()), size_(boot.size()) {
+      : opt_(std::move(opt)), rank_(boot.rank()), size_(boot.size()),
+        conns_("libfabric_transport", size_, max_connections, max_channels) {
     if (size_ < 1 || size_ > max_ranks)
       throw error("libfabric_transport: " + std::to_string(size_) + " ranks (at most " + std::to_string(max_ranks) + ")");
     provider_ = detail::fi_resolve_provider(opt_.provider);
@@ -286,7 +296,10 @@ public:
     return "libfabric provider " + provider_ + " (fabric " + fabric_name_ + ", domain " + domain_name_ + "), " +
            (virt_addr_ ? "virtual addresses" : "offsets") + " as remote addresses, " + to_string(ordering_) +
            (ordering_ == fi_signal_ordering::wait_for_completion ? (delivery_ ? " (delivery complete)" : " (transmit complete)") : "") +
-           ", writes of at most " + std::to_string(chunk_) + " bytes";
+           ", writes of at most " + std::to_string(chunk_) + " bytes, " +
+           (hmem_ ? std::string("FI_HMEM (CUDA ") + (hmem_cuda_ ? "yes" : "no") + ", ROCr " + (hmem_rocr_ ? "yes" : "no") + ")"
+                  : std::string("no FI_HMEM")) +
+           " device memory registration";
   }
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
@@ -299,6 +312,36 @@ public:
     memory m{static_cast<std::byte*>(p), n, nullptr, nullptr, 0};
     if (n == 0) return m;
     reg(m);
+    return m;
+  }
+  /// Whether this endpoint registers memory of kind k: host always; CUDA or ROCr device memory
+  /// only where the endpoint was opened with FI_HMEM (the provider offers it and
+  /// libfabric_options::hmem) and this libfabric has that interface: a build without CUDA or
+  /// ROCr support answers a registration attempt with -FI_ENOSYS or -FI_EOPNOTSUPP, checked once
+  /// at start-up (see describe()). Where it is false the engine bounces device memory through
+  /// host buffers.
+  bool registers(memory_kind k) const noexcept {
+    switch (k) {
+    case memory_kind::host: return true;
+    case memory_kind::cuda_device: return hmem_cuda_;
+    case memory_kind::hip_device: return hmem_rocr_;
+    }
+    return false;
+  }
+  /// Registers [p, p + n) of memory of kind k on device `device` (the CUDA device ordinal or
+  /// ROCr agent index; ignored for host memory) with fi_mr_regattr (iface FI_HMEM_CUDA or
+  /// FI_HMEM_ROCR). Throws fasta2a::error if this endpoint does not register that kind
+  /// (`registers(k)` is false) or the registration fails.
+  memory register_memory(void* p, std::size_t n, memory_kind k, int device = 0) {
+    if (k == memory_kind::host) return register_memory(p, n);
+    if (!registers(k))
+      throw error(std::string("libfabric_transport::register_memory: provider \"") + provider_ + "\" cannot register " +
+                  to_string(k) + " memory here (" + (hmem_ ? "this libfabric lacks that FI_HMEM interface" : "no FI_HMEM") +
+                  "): bounce it through host memory");
+    if (p == nullptr && n > 0) throw error("libfabric_transport::register_memory: null pointer for " + std::to_string(n) + " bytes");
+    memory m{static_cast<std::byte*>(p), n, nullptr, nullptr, 0};
+    if (n == 0) return m;
+    reg(m, k == memory_kind::cuda_device ? FI_HMEM_CUDA : FI_HMEM_ROCR, device);
     return m;
   }
   /// Closes the registration (fi_close). Safe on an empty or already deregistered memory.
@@ -334,29 +377,13 @@ public:
   /// A connection with its own counters for channels [0, channels). Collective in the sense of
   /// the concept: every rank makes its connections in the same order, and the k-th of each meet
   /// (their signals carry k). Signals that arrive for a connection not yet made here are kept.
-  connection connect(channel_id channels) {
-    if (channels < 1 || channels > max_channels)
-      throw error("libfabric_transport::connect: " + std::to_string(channels) + " channels (from 1 to " +
-                  std::to_string(max_channels) + ")");
-    if (made_ >= max_connections)
-      throw error("libfabric_transport::connect: more than " + std::to_string(max_connections) + " connections");
-    const std::uint32_t id = made_++;
-    conn_state& c = state(id);
-    c.channels = channels;
-    c.lanes.resize(static_cast<std::size_t>(size_) * channels);
-    for (auto& a : c.arrived)
-      if (a.size() < channels) a.resize(channels, 0);
-    return connection(this, id);
-  }
+  connection connect(channel_id channels) { return connection(this, conns_.make(channels)); }
 
 private:
-  static constexpr rank_t max_ranks = rank_t{1} << 24;
-  static constexpr channel_id max_channels = channel_id{1} << 24;
-  static constexpr std::uint32_t max_connections = std::uint32_t{1} << 16;
-
-  static std::uint64_t encode(rank_t from, std::uint32_t conn, channel_id ch) noexcept {
-    return (static_cast<std::uint64_t>(from) << 40) | (static_cast<std::uint64_t>(conn) << 24) | ch;
-  }
+  // Signals carry rma::code64: sender rank (24 bits), connection (16), channel (24).
+  static constexpr rank_t max_ranks = static_cast<rank_t>(rma::code64::max_ranks);
+  static constexpr std::uint64_t max_channels = rma::code64::max_channels;
+  static constexpr std::uint64_t max_connections = rma::code64::max_connections;
 
   /// What an operation in flight belongs to. The provider may use `ctx` (FI_CONTEXT modes), so it
   /// comes first and the op stays put until its completion.
@@ -369,42 +396,7 @@ private:
     channel_id ch = 0;
   };
 
-  /// One (peer, channel) of a connection, outbound.
-  struct lane_state {
-    std::uint64_t posted = 0;       ///< writes posted on this lane
-    std::uint64_t done = 0;         ///< writes 1..done have all completed
-    std::set<std::uint64_t> ahead;  ///< completed past `done` (out of order)
-    std::uint64_t signals = 0;      ///< signal() calls
-    std::uint64_t sent_upto = 0;    ///< signals 1..sent_upto have all their puts completed
-    struct pending {
-      std::uint64_t index, need;
-      bool posted;
-    };
-    std::deque<pending> waiting;    ///< signals whose puts have not all completed yet
-  };
-
-  struct conn_state {
-    channel_id channels = 0;                        ///< 0 until connect() here
-    std::vector<lane_state> lanes;                  ///< per (peer, channel)
-    std::vector<std::vector<std::uint64_t>> arrived; ///< [peer][channel] signals received
-    std::uint64_t outstanding = 0;                  ///< operations posted, not completed
-  };
-
-  conn_state& state(std::uint32_t id) {
-    while (conns_.size() <= id) {
-      conns_.emplace_back();
-      conns_.back().arrived.resize(static_cast<std::size_t>(size_));
-    }
-    return conns_[id];
-  }
-
-  void check(std::uint32_t id, rank_t peer, channel_id ch, const char* what) const {
-    const channel_id channels = conns_[id].channels;
-    if (peer < 0 || peer >= size_ || ch >= channels)
-      throw error(std::string("libfabric_transport: ") + what + " to rank " + std::to_string(peer) + " on channel " +
-                  std::to_string(ch) + ": there are " + std::to_string(size_) + " ranks and " +
-                  std::to_string(channels) + " channels");
-  }
+  void check(std::uint32_t id, rank_t peer, channel_id ch, const char* what) const { conns_.check(id, peer, ch, what); }
 
   // --------------------------------------------------------------------------------------------
   // Opening and closing
@@ -412,15 +404,21 @@ private:
 
   void open() {
     std::string why_ordered, why_any;
+    // With FI_HMEM where the provider offers it (libfabric_options::hmem), else without.
+    auto query = [&](std::optional<bool> ordered, std::string* why) {
+      if (opt_.hmem)
+        if (detail::fi_info_ptr i = detail::fi_query(provider_, ordered, nullptr, true)) return i;
+      return detail::fi_query(provider_, ordered, why);
+    };
     if (opt_.ordering == fi_signal_ordering::provider_order) {
-      info_ = detail::fi_query(provider_, true, &why_ordered);
+      info_ = query(true, &why_ordered);
     } else if (opt_.ordering == fi_signal_ordering::automatic) {
       // Rely on order only where the provider offers it unasked: shm 1.17 answers a request for
       // FI_ORDER_WAW with an info that claims it, while its own default reports
       // max_order_waw_size 0 (and the project's measurements say shm does not order writes).
-      detail::fi_info_ptr plain = detail::fi_query(provider_, std::nullopt, &why_ordered);
+      detail::fi_info_ptr plain = query(std::nullopt, &why_ordered);
       if (plain && (plain->tx_attr->msg_order & FI_ORDER_WAW) != 0 && plain->ep_attr->max_order_waw_size > 0)
-        info_ = detail::fi_query(provider_, true, &why_ordered);
+        info_ = query(true, &why_ordered);
     }
     if (info_ && info_->ep_attr->max_order_waw_size == 0) info_.reset(); // ordered in name only
     if (info_) {
@@ -430,7 +428,7 @@ private:
         throw error("libfabric_transport: provider \"" + provider_ + "\" does not order write after write (" +
                     (why_ordered.empty() ? "max_order_waw_size is 0" : why_ordered) +
                     "); use fi_signal_ordering::automatic or wait_for_completion");
-      info_ = detail::fi_query(provider_, opt_.delivery_complete ? std::optional<bool>(false) : std::nullopt, &why_any);
+      info_ = query(opt_.delivery_complete ? std::optional<bool>(false) : std::nullopt, &why_any);
       if (!info_)
         throw error("libfabric_transport: provider \"" + provider_ + "\" is not available for RMA on reliable-datagram "
                     "endpoints: " + why_any + " (choose one with FASTA2A_FI_PROVIDER; fi_info -l lists them)");
@@ -470,6 +468,9 @@ private:
     detail::fi_check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind (address vector)");
     detail::fi_check(fi_enable(ep_), "fi_enable");
     landing_ = register_memory(landing_bytes_.data(), landing_bytes_.size());
+    hmem_ = (i->caps & FI_HMEM) != 0;
+    hmem_cuda_ = hmem_ && hmem_interface(FI_HMEM_CUDA);
+    hmem_rocr_ = hmem_ && hmem_interface(FI_HMEM_ROCR);
   }
 
   void close() noexcept {
@@ -488,11 +489,17 @@ private:
     fabric_ = nullptr;
   }
 
-  void reg(memory& m) {
+  void reg(memory& m, fi_hmem_iface iface = FI_HMEM_SYSTEM, int device = 0) {
     const std::uint64_t requested = prov_key_ ? 0 : next_key_++;
     fid_mr* mr = nullptr;
-    detail::fi_check(fi_mr_reg(domain_, m.ptr, m.size, FI_WRITE | FI_REMOTE_WRITE, 0, requested, 0, &mr, nullptr),
-                     "fi_mr_reg of " + std::to_string(m.size) + " bytes");
+    if (iface == FI_HMEM_SYSTEM) {
+      detail::fi_check(fi_mr_reg(domain_, m.ptr, m.size, FI_WRITE | FI_REMOTE_WRITE, 0, requested, 0, &mr, nullptr),
+                       "fi_mr_reg of " + std::to_string(m.size) + " bytes");
+    } else {
+      detail::fi_check(regattr(m.ptr, m.size, iface, device, requested, &mr),
+                       std::string("fi_mr_regattr of ") + std::to_string(m.size) + " bytes of " +
+                           (iface == FI_HMEM_CUDA ? "CUDA" : "ROCr") + " device memory (device " + std::to_string(device) + ")");
+    }
     if (mr_endpoint_) {
       int rc = fi_mr_bind(mr, &ep_->fid, 0);
       if (rc == 0) rc = fi_mr_enable(mr);
@@ -509,6 +516,29 @@ private:
       m.mr = nullptr;
       throw error("libfabric_transport: fi_mr_key gave no key (FI_MR_RAW keys are not supported)");
     }
+  }
+
+  int regattr(void* p, std::size_t n, fi_hmem_iface iface, int device, std::uint64_t requested, fid_mr** mr) {
+    iovec iov{p, n};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = FI_WRITE | FI_REMOTE_WRITE;
+    attr.requested_key = requested;
+    attr.iface = iface;
+    if (iface == FI_HMEM_CUDA) attr.device.cuda = device;
+    else attr.device.reserved = static_cast<std::uint64_t>(device);
+    return fi_mr_regattr(domain_, &attr, 0, mr);
+  }
+
+  /// Whether this libfabric has the FI_HMEM interface at all: a build without it answers
+  /// -FI_ENOSYS or -FI_EOPNOTSUPP before looking at the memory, so a host buffer serves as the
+  /// probe (any other answer, success included, means the interface is there).
+  bool hmem_interface(fi_hmem_iface iface) {
+    fid_mr* mr = nullptr;
+    const int rc = regattr(landing_bytes_.data(), landing_bytes_.size(), iface, 0, prov_key_ ? 0 : next_key_++, &mr);
+    if (rc == 0 && mr != nullptr) fi_close(&mr->fid);
+    return rc != -FI_ENOSYS && rc != -FI_EOPNOTSUPP;
   }
 
   /// The allgather of endpoint names: provider (so that ranks that chose differently fail
@@ -606,37 +636,32 @@ private:
       throw error("libfabric_transport: put of " + std::to_string(n) + " bytes from offset " + std::to_string(src_off) +
                   " (of " + std::to_string(src.size) + ") to rank " + std::to_string(peer) + " at offset " +
                   std::to_string(dst_off) + " (of " + std::to_string(dst.size) + ") is out of bounds");
-    conn_state& c = conns_[id];
-    const std::size_t li = static_cast<std::size_t>(peer) * c.channels + ch;
-    for (std::size_t off = 0; off < n; off += chunk_) {
-      const std::size_t len = std::min(chunk_, n - off);
+    const std::size_t li = conns_.index(id, peer, ch);
+    rma::for_each_chunk(n, chunk_, [&](std::size_t off, std::size_t len) {
+      rma::lane& l = conns_.at(id).lanes[li];
       op* o = new_op();
       *o = op{};
       o->conn = id;
       o->lane = li;
       o->peer = peer;
       o->ch = ch;
-      o->seq = c.lanes[li].posted + 1;
+      o->seq = l.puts.next();
       post_blocking(o, src.ptr + src_off + off, len, src.desc, dst.base + dst_off + off, dst.key, false, 0, "put");
       // Counted only once posted: a failed post leaves the lane as it was.
-      ++conns_[id].lanes[li].posted;
-      ++conns_[id].outstanding;
-    }
+      l.puts.post();
+      ++conns_.at(id).outstanding;
+    });
   }
 
   void signal(std::uint32_t id, rank_t peer, channel_id ch) {
     check(id, peer, ch, "signal");
-    conn_state& c = conns_[id];
-    const std::size_t li = static_cast<std::size_t>(peer) * c.channels + ch;
-    lane_state& l = c.lanes[li];
-    const std::uint64_t index = ++l.signals;
+    rma::lane& l = conns_.lane_of(id, peer, ch);
     if (ordering_ == fi_signal_ordering::provider_order) {
-      post_signal(id, li, peer, ch);
-      if (l.done >= l.posted) l.sent_upto = index;
-      else l.waiting.push_back({index, l.posted, true});
+      post_signal(id, conns_.index(id, peer, ch), peer, ch);
+      l.signals.add(l.puts.posted(), true, l.puts.done());
     } else {
       // Deferred until its puts are delivered; progress() posts it.
-      l.waiting.push_back({index, l.posted, false});
+      l.signals.add(l.puts.posted(), false, l.puts.done());
       ++deferred_;
       progress();
     }
@@ -650,75 +675,62 @@ private:
     o->peer = peer;
     o->ch = ch;
     const remote& land = landings_[static_cast<std::size_t>(peer)];
-    post_blocking(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, encode(rank_, id, ch), "signal");
-    ++conns_[id].outstanding;
+    post_blocking(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, rma::code64::encode(rank_, id, ch), "signal");
+    ++conns_.at(id).outstanding;
   }
 
   /// Posts deferred signals whose puts have all completed, in order per lane; stops at a busy
   /// endpoint (the next progress() tries again).
   void post_deferred() {
-    for (std::uint32_t id = 0; id < conns_.size() && deferred_ > 0; ++id) {
-      conn_state& c = conns_[id];
+    for (std::uint32_t id = 0; id < conns_.made() && deferred_ > 0; ++id) {
+      auto& c = conns_.at(id);
       for (std::size_t li = 0; li < c.lanes.size(); ++li) {
-        lane_state& l = c.lanes[li];
-        while (!l.waiting.empty() && !l.waiting.front().posted && l.waiting.front().need <= l.done) {
+        rma::lane& l = c.lanes[li];
+        if (l.signals.deferred() == 0) continue;
+        bool busy = false;
+        const rank_t peer = static_cast<rank_t>(li / c.channels);
+        const channel_id ch = static_cast<channel_id>(li % c.channels);
+        deferred_ -= l.signals.post_due(l.puts.done(), [&](std::uint64_t) {
           op* o = new_op();
           *o = op{};
           o->conn = id;
           o->lane = li;
-          o->peer = static_cast<rank_t>(li / c.channels);
-          o->ch = static_cast<channel_id>(li % c.channels);
-          const remote& land = landings_[static_cast<std::size_t>(o->peer)];
-          const ssize_t rc = post(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, encode(rank_, id, o->ch));
+          o->peer = peer;
+          o->ch = ch;
+          const remote& land = landings_[static_cast<std::size_t>(peer)];
+          const ssize_t rc = post(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, rma::code64::encode(rank_, id, ch));
           if (rc == -FI_EAGAIN) {
             free_ops_.push_back(o);
-            return;
+            busy = true;
+            return false;
           }
           if (rc != 0) {
             free_ops_.push_back(o);
-            detail::fi_fail("fi_writemsg (signal to rank " + std::to_string(o->peer) + ")", rc);
+            detail::fi_fail("fi_writemsg (signal to rank " + std::to_string(peer) + ")", rc);
           }
           ++c.outstanding;
-          --deferred_;
-          l.sent_upto = l.waiting.front().index;
-          l.waiting.pop_front();
-        }
+          return true;
+        });
+        if (busy) return;
       }
     }
   }
 
   void complete(op* o) {
-    conn_state& c = conns_[o->conn];
+    auto& c = conns_.at(o->conn);
     --c.outstanding;
     if (o->seq != 0) {
-      lane_state& l = c.lanes[o->lane];
-      if (o->seq == l.done + 1) {
-        ++l.done;
-        while (!l.ahead.empty() && *l.ahead.begin() == l.done + 1) {
-          l.ahead.erase(l.ahead.begin());
-          ++l.done;
-        }
-      } else {
-        l.ahead.insert(o->seq);
-      }
+      rma::lane& l = c.lanes[o->lane];
+      l.puts.complete(o->seq);
       // Signals already posted whose puts are now all complete have been sent.
-      while (!l.waiting.empty() && l.waiting.front().posted && l.waiting.front().need <= l.done) {
-        l.sent_upto = l.waiting.front().index;
-        l.waiting.pop_front();
-      }
+      l.signals.settle(l.puts.done());
     }
     free_ops_.push_back(o);
   }
 
   void arrive(std::uint64_t data) {
-    const auto from = static_cast<rank_t>(data >> 40);
-    const auto id = static_cast<std::uint32_t>((data >> 24) & 0xFFFF);
-    const auto ch = static_cast<channel_id>(data & 0xFFFFFF);
-    if (from >= size_)
-      throw error("libfabric_transport: a signal claims to come from rank " + std::to_string(from) + " of " + std::to_string(size_));
-    auto& counts = state(id).arrived[static_cast<std::size_t>(from)];
-    if (counts.size() <= ch) counts.resize(ch + 1, 0);
-    ++counts[ch];
+    const rma::signal_fields f = rma::code64::decode(data);
+    conns_.arrive(f.conn, f.from, f.ch);
   }
 
   /// Reads the completion queue (which also drives a manual-progress provider): remote CQ data
@@ -751,17 +763,14 @@ private:
       what = std::string(o->seq != 0 ? "a put" : "a signal") + " to rank " + std::to_string(o->peer) + " on channel " +
              std::to_string(o->ch);
       // The operation is over, if failed: the lane never counts it as done.
-      --conns_[o->conn].outstanding;
+      --conns_.at(o->conn).outstanding;
       free_ops_.push_back(o);
     }
     throw error("libfabric_transport: " + what + " failed: " + fi_strerror(err.err) + " (" +
                 (detail_text ? detail_text : "no provider detail") + ")");
   }
 
-  std::uint64_t arrived(std::uint32_t id, rank_t peer, channel_id ch) const {
-    const auto& counts = conns_[id].arrived[static_cast<std::size_t>(peer)];
-    return ch < counts.size() ? counts[ch] : 0;
-  }
+  std::uint64_t arrived(std::uint32_t id, rank_t peer, channel_id ch) const { return conns_.arrived(id, peer, ch); }
 
   bool test(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
     check(id, peer, ch, "test");
@@ -778,29 +787,24 @@ private:
   bool sent(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
     check(id, peer, ch, "sent");
     progress();
-    const lane_state& l = conns_[id].lanes[static_cast<std::size_t>(peer) * conns_[id].channels + ch];
-    return l.sent_upto >= count;
+    return conns_.lane_of(id, peer, ch).signals.sent_upto() >= count;
   }
 
   bool idle(std::uint32_t id) const {
-    if (conns_[id].outstanding > 0) return false;
-    for (const lane_state& l : conns_[id].lanes)
-      if (!l.waiting.empty()) return false;
+    if (conns_.at(id).outstanding > 0) return false;
+    for (const rma::lane& l : conns_.at(id).lanes)
+      if (!l.signals.idle()) return false;
     return true;
   }
 
   void flush(std::uint32_t id) {
     if (!detail::poll_until([&] { progress(); return idle(id); }, opt_.waiting, opt_.timeout))
-      throw error("libfabric_transport::flush: " + std::to_string(conns_[id].outstanding) +
+      throw error("libfabric_transport::flush: " + std::to_string(conns_.at(id).outstanding) +
                   " operation(s) of connection " + std::to_string(id) + " on rank " + std::to_string(rank_) +
                   " did not complete within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
-  std::uint64_t outstanding_total() const {
-    std::uint64_t n = deferred_;
-    for (const conn_state& c : conns_) n += c.outstanding;
-    return n;
-  }
+  std::uint64_t outstanding_total() const { return deferred_ + conns_.outstanding(); }
 
   libfabric_options opt_;
   rank_t rank_, size_;
@@ -814,14 +818,14 @@ private:
   fid_ep* ep_ = nullptr;
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
   bool delivery_ = false;        ///< puts ask for FI_DELIVERY_COMPLETE
+  bool hmem_ = false, hmem_cuda_ = false, hmem_rocr_ = false; ///< FI_HMEM opened; its interfaces
   std::uint64_t write_flags_ = 0;
   std::size_t chunk_ = 0;
   std::uint64_t next_key_ = 1;
   std::array<std::byte, 8> landing_bytes_{};   ///< what signals (zero-byte writes) target
   memory landing_;
   std::vector<remote> landings_;               ///< every rank's landing region
-  std::deque<conn_state> conns_;               ///< by connection id (stable references)
-  std::uint32_t made_ = 0;                     ///< connections made here
+  rma::connection_table<> conns_;              ///< connections, lanes, arrived signals
   std::uint64_t deferred_ = 0;                 ///< signals queued, not yet posted
   std::deque<op> ops_;                         ///< every op ever allocated (stable addresses)
   std::vector<op*> free_ops_;
