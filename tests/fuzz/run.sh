@@ -2,7 +2,7 @@
 # Builds fasta2a's libFuzzer targets with clang (tests/fuzz/CMakeLists.txt, into build-fuzz/) and
 # fuzzes each for SECONDS (default 60), starting from its committed seeds (tests/fuzz/corpus/<t>/).
 # Fails on any crash, sanitizer report, property violation, undocumented exception, hang (an input
-# running past 25 s), leak or input using more than 2 GiB. New inputs go to build-fuzz/corpus/<t>/
+# running past 60 s), leak or input using more than 2 GiB. New inputs go to build-fuzz/corpus/<t>/
 # (not committed); a failing input is saved as build-fuzz/artifacts/<t>-crash-... (or -timeout-,
 # -oom-, -leak-) and its log is printed.
 #   tests/fuzz/run.sh [SECONDS] [TARGET...]     e.g. tests/fuzz/run.sh 600 fuzz_planner
@@ -33,7 +33,7 @@ for t in "${targets[@]}"; do
   rc=0
   # The first folder receives new inputs; the seeds are read only. -timeout: a hang; -rss_limit_mb
   # and -malloc_limit_mb: memory; leaks are detected by default (ASan's LeakSanitizer).
-  nice -n "$nice_level" "$build/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=25 \
+  nice -n "$nice_level" "$build/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=60 \
     -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$t-" >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
