@@ -6,3 +6,4 @@ bash cmake/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2
 ctest --test-dir build -j2 --output-on-failure
+bash tests/fuzz/run.sh 60   # each libFuzzer target for a minute (tests/fuzz/, clang)
