@@ -5,7 +5,11 @@
 // CUDA-aware, so rail data bounces through host mirrors. Checks ordering and bookkeeping, never
 // performance.
 //
-//   mpirun -np N test_gpu_engine_mpi GPUS_PER_SERVER SEEDS
+//   mpirun -np N test_gpu_engine_mpi GPUS_PER_SERVER SEEDS [FIRST_SEED]
+//   mpirun -np N test_gpu_engine_mpi GPUS_PER_SERVER bench   (timings; tests/gpu/device_check.sh)
+//
+// Built without FASTA2A_GPU_STANDIN (gpu_engine_mpi_cuda) the same source runs on the real CUDA
+// runtime: every rank a process on one GPU, scale-up through CUDA IPC.
 //
 // Each seed: a skewed matrix, the stand-in's delays (0 to 400 us per stream operation), a
 // decomposer (staged or direct), three calls queued on the caller's stream before it is
@@ -15,6 +19,7 @@
 // MPI while the caller's thread exchanges counts).
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -74,10 +79,14 @@ std::size_t run_seed(int G, std::uint64_t seed, std::uint32_t delay_us, std::siz
   int me = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
+#ifdef FASTA2A_GPU_STANDIN
   auto& cfg = gpu_standin::settings();
   cfg.max_delay_us = delay_us;
   cfg.seed = seed * 131 + static_cast<std::uint64_t>(me);
   cfg.host_pointers_in_process = false;
+#else
+  (void)delay_us;
+#endif
 
   mpi_bootstrap boot(MPI_COMM_WORLD, mpi_bootstrap_options{.timeout = std::chrono::seconds(60)});
   gpu_memory mem;
@@ -122,6 +131,71 @@ std::size_t run_seed(int G, std::uint64_t seed, std::uint32_t delay_us, std::siz
   return wrong;
 }
 
+// Timings: uniform traffic of `per_pair` bytes, the median over 10 calls (after 3) of the time
+// from the call to its completion on the caller's stream, and the cudaMemcpy device-to-device rate
+// of the same bytes on this rank's GPU for comparison.
+void bench(int G) {
+  int me = 0, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  mpi_bootstrap boot(MPI_COMM_WORLD, mpi_bootstrap_options{.timeout = std::chrono::seconds(60)});
+  gpu_memory mem;
+  ipc up(boot, mem.shared_stream(), gpu_ipc_options{.node_ranks = G});
+  mpi_transport out(MPI_COMM_WORLD);
+  engine_options opt;
+  opt.timeout = std::chrono::seconds(60);
+  engine<two_tier_topology, mpi_bootstrap, ipc, mpi_transport, birkhoff_decomposer, gpu_memory> eng(two_tier_topology(n / G, G), boot,
+                                                                                                    up, out, opt, {}, mem);
+  gpu::stream caller;
+  using clock = std::chrono::steady_clock;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  if (me == 0)
+    std::printf("bench: %d ranks, %d per server, scale-up %s IPC, scale-out MPI%s%s\n"
+                "bytes/pair  call-to-stream-completion_us  engine_recv_GBps_per_rank  memcpy_D2D_GBps  ratio\n",
+                n, G, gpu::runtime_name, eng.bounces() ? " (bounced through host)" : " (direct)",
+#ifdef FASTA2A_GPU_STANDIN
+                "  [STAND-IN RUNTIME: these are not GPU figures]"
+#else
+                ""
+#endif
+    );
+  for (std::size_t per_pair : {std::size_t{256}, std::size_t{4096}, std::size_t{65536}, std::size_t{1} << 20, std::size_t{8} << 20}) {
+    const std::size_t total = per_pair * static_cast<std::size_t>(n);
+    gpu::device_buffer s(total), r(total), d(total);
+    std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), per_pair), displs(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) displs[static_cast<std::size_t>(j)] = per_pair * static_cast<std::size_t>(j);
+    std::vector<double> call, copy;
+    for (int it = 0; it < 13; ++it) {
+      boot.allgather({}, {});
+      const auto t0 = clock::now();
+      eng.alltoallv(std::span<const std::byte>(s.data(), total), counts, displs, std::span(r.data(), total), counts, displs,
+                    caller.get());
+      caller.synchronize();
+      const auto t1 = clock::now();
+      gpu::memcpy_async(d.data(), s.data(), total, caller.get());
+      caller.synchronize();
+      const auto t2 = clock::now();
+      if (it >= 3) {
+        call.push_back(std::chrono::duration<double>(t1 - t0).count());
+        copy.push_back(std::chrono::duration<double>(t2 - t1).count());
+      }
+    }
+    eng.synchronize();
+    double c = median(call), m = median(copy), cmax = 0;
+    MPI_Allreduce(&c, &cmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (me == 0)
+      std::printf("%10zu  %12.1f  %10.3f  %10.3f  %8.4f\n", per_pair, cmax * 1e6, static_cast<double>(total) / cmax / 1e9,
+                  static_cast<double>(total) / m / 1e9, (static_cast<double>(total) / cmax) / (static_cast<double>(total) / m));
+    std::fflush(stdout);
+    boot.allgather({}, {});
+    eng.forget_buffer(s.data());
+    eng.forget_buffer(r.data());
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +210,17 @@ int main(int argc, char** argv) {
     return 77;
   }
   const int G = argc > 1 ? std::atoi(argv[1]) : 2;
+  if (argc > 2 && std::string(argv[2]) == "bench") {
+    int rc = 0;
+    try {
+      bench(G);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: bench: error: %s\n", me, e.what());
+      rc = 1;
+    }
+    MPI_Finalize();
+    return rc;
+  }
   const int seeds = argc > 2 ? std::atoi(argv[2]) : 10;
   const std::uint64_t first = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1;
   if (G < 1 || n % G != 0) {
