@@ -298,6 +298,10 @@ public:
   /// the engine owns), as a communicator is destroyed only after its work.
   ~engine() {
     stop_proxy();
+    try {
+      mem_.synchronize(); // the last release flag write is done before the flag is freed
+    } catch (...) {
+    }
     for (auto& peer : known_)
       for (remote_entry& e : peer) forget(e);
     for (peer_stage& s : peer_staging_) forget(s);
