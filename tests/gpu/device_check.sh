@@ -60,12 +60,12 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTA2A_BUILD_EXAMPLES=OFF -DFASTA
         -DFASTA2A_INSTALL=OFF -DFASTA2A_WITH_HIP=OFF -DFASTA2A_WITH_LIBFABRIC=OFF)
 if [ "$mode" = cuda ]; then
   step configure 300 cmake -S . -B "$B" "${common[@]}" -DFASTA2A_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
-  step build 600 cmake --build "$B" -j"$JOBS" --target gpu_cuda_smoke gpu_nodevice gpu_engine_mpi_cuda test_gpu_ipc_standin test_gpu_engine_mpi
+  step build 600 cmake --build "$B" -j"$JOBS" --target gpu_cuda_smoke gpu_nodevice gpu_engine_mpi_cuda test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant
   step ctest_gpu 300 ctest --test-dir "$B" -L "gpu_cuda|gpu_standin" -j"$JOBS" --output-on-failure --timeout 240
   exe="$B/transports/gpu/gpu_engine_mpi_cuda"
 else
   step configure 300 cmake -S . -B "$B" "${common[@]}" -DFASTA2A_WITH_CUDA=OFF
-  step build 900 cmake --build "$B" -j"$JOBS" --target test_gpu_ipc_standin test_gpu_engine_mpi gpu_nodevice
+  step build 900 cmake --build "$B" -j"$JOBS" --target test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant gpu_nodevice
   step ctest_gpu 600 ctest --test-dir "$B" -L "gpu_cuda|gpu_standin" -j"$JOBS" --output-on-failure --timeout 300
   exe="$B/transports/gpu/test_gpu_engine_mpi"
 fi
