@@ -11,7 +11,8 @@
 # IPC (scale-out over MPI, bounced through host memory), against MPI_Alltoallv on the same data;
 # the benchmark (time from call to stream completion, engine bytes/s against cudaMemcpy
 # device-to-device on the same GPU). Stand-in timings are not GPU figures (the summary says so).
-# Every step has a timeout; the whole script is meant to take a few minutes on 16 cores.
+# Every step has a timeout (BUILD_TIMEOUT for the build: on a loaded 2-core machine the stand-in
+# build alone took over 15 minutes); the whole script is meant to take a few minutes on 16 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device_check_out}
@@ -60,12 +61,12 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFASTA2A_BUILD_EXAMPLES=OFF -DFASTA
         -DFASTA2A_INSTALL=OFF -DFASTA2A_WITH_HIP=OFF -DFASTA2A_WITH_LIBFABRIC=OFF)
 if [ "$mode" = cuda ]; then
   step configure 300 cmake -S . -B "$B" "${common[@]}" -DFASTA2A_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
-  step build 600 cmake --build "$B" -j"$JOBS" --target gpu_cuda_smoke gpu_nodevice gpu_engine_mpi_cuda test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant
+  step build "${BUILD_TIMEOUT:-600}" cmake --build "$B" -j"$JOBS" --target gpu_cuda_smoke gpu_nodevice gpu_engine_mpi_cuda test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant
   step ctest_gpu 300 ctest --test-dir "$B" -L "gpu_cuda|gpu_standin" -j"$JOBS" --output-on-failure --timeout 240
   exe="$B/transports/gpu/gpu_engine_mpi_cuda"
 else
   step configure 300 cmake -S . -B "$B" "${common[@]}" -DFASTA2A_WITH_CUDA=OFF
-  step build 900 cmake --build "$B" -j"$JOBS" --target test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant gpu_nodevice
+  step build "${BUILD_TIMEOUT:-900}" cmake --build "$B" -j"$JOBS" --target test_gpu_ipc_standin test_gpu_ipc_mutant test_gpu_engine_mpi test_gpu_engine_mpi_mutant gpu_nodevice
   step ctest_gpu 600 ctest --test-dir "$B" -L "gpu_cuda|gpu_standin" -j"$JOBS" --output-on-failure --timeout 300
   exe="$B/transports/gpu/test_gpu_engine_mpi"
 fi
