@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages fasta2a needs to build its tests, examples and benchmarks.
 # Run as root; does nothing for packages already present.
 set -euo pipefail
-pkgs=(cmake g++ ninja-build libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev python3 libopenmpi-dev openmpi-bin libfabric-dev pkg-config clang libclang-rt-14-dev)
+pkgs=(cmake g++ ninja-build libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev python3 libopenmpi-dev openmpi-bin libfabric-dev pkg-config clang libclang-rt-14-dev hipcc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -96,6 +101,68 @@ private:
   std::uint64_t h_ = 0x2545f4914f6cdd1dull;
 };
 
+/// A transport that can tell at run time whether it registers memory of a kind (a verbs or
+/// libfabric transport whose device supports GPUDirect, say): `t.registers(kind)`.
+template <class T>
+concept runtime_registration = requires(const T& t, memory_kind k) {
+  { t.registers(k) } -> std::convertible_to<bool>;
+};
+
+/// A memory space that allocates pinned host memory for bounce buffers (`allocate_host`).
+template <class M>
+concept pinned_host_allocation = requires(const M& m, std::size_t n) {
+  typename M::host_buffer;
+  { m.allocate_host(n) } -> std::same_as<typename M::host_buffer>;
+};
+template <class M>
+struct host_buffer_of {
+  using type = host_memory::buffer;
+};
+template <pinned_host_allocation M>
+struct host_buffer_of<M> {
+  using type = typename M::host_buffer;
+};
+
+} // namespace detail
+
+/// Whether the engine registers memory of kind k with `out` directly: the transport says it can
+/// register that kind (static `Out::can_register(k)`) and, where it also answers at run time
+/// (`out.registers(k)`), says yes there too. Otherwise the engine moves the scale-out data through
+/// host bounce buffers (see engine).
+template <class Out>
+bool registers_directly(const Out& out, memory_kind k) {
+  if (!Out::can_register(k)) return false;
+  if constexpr (detail::runtime_registration<Out>) return static_cast<bool>(out.registers(k));
+  else return true;
+}
+
+/// A MemorySpace that can also run calls in the order of a caller's stream (gpu_memory):
+/// - `M::stream_type`: the caller's stream; `m.stream()`: the memory space's own stream;
+/// - `m.record(s)`: an `M::event_type` recorded on s, whose `done()` (never blocking) says that
+///   everything enqueued on s before it has completed;
+/// - `m.write_value(flag, v)`: *flag = v on the memory space's own stream, after its earlier work;
+/// - `m.wait_value(s, flag, v)`: work enqueued on s later waits until *flag >= v.
+/// The flag is M memory (allocated with `allocate`).
+template <class M>
+concept StreamMemorySpace =
+    MemorySpace<M> && std::movable<typename M::event_type> &&
+    requires(M& m, const M& cm, typename M::stream_type s, std::uint64_t* flag, std::uint64_t v, typename M::event_type& e) {
+      { cm.stream() } -> std::convertible_to<typename M::stream_type>;
+      { m.record(s) } -> std::same_as<typename M::event_type>;
+      { e.done() } -> std::convertible_to<bool>;
+      m.write_value(flag, v);
+      m.wait_value(s, flag, v);
+    };
+
+namespace detail {
+template <class M>
+struct event_of {
+  using type = int;
+};
+template <StreamMemorySpace M>
+struct event_of<M> {
+  using type = typename M::event_type;
+};
 } // namespace detail
 
 /// The two-phase all-to-allv engine of one rank, composed at compile time from a Topology, a
@@ -120,6 +187,34 @@ private:
 ///
 /// The engine has its own connection on each transport (several engines may share transports).
 /// Staging memory is sized from the plan, grown when a plan needs more, and reused across calls.
+///
+/// Scale-out from memory the scale-out transport cannot register (device memory over an MPI that
+/// is not CUDA-aware: `registers_directly` is false): every buffer registered with the scale-out
+/// transport is a host mirror of the same size (pinned where the memory space allocates pinned
+/// host memory, `allocate_host`), at the same offsets. Before the scale-out puts of a section the
+/// engine copies their bytes device -> mirror (M::copy, then M::synchronize), the transport sends
+/// from the mirror into the receiver's mirror, and once a scale-out wait has covered them the
+/// receiver copies them mirror -> device before anything reads them. Cost: one extra copy each
+/// way over the host link and one round trip to the host per section that crosses, and host
+/// memory as large as the device memory registered (send, receive, staging, windows). M::copy must
+/// copy between host and M memory in both directions.
+///
+/// Stream-ordered calls (memory spaces with streams, StreamMemorySpace): the form taking a
+/// stream checks, registers, exchanges counts, plans and builds the program in the calling thread
+/// (so bad arguments raise at once, on every rank, as with the host form), then returns without
+/// waiting for the bytes: the caller's stream records an event and waits on a flag in device
+/// memory. A proxy thread of the engine waits for the event (the caller's earlier work, which
+/// writes the send buffer and may read the receive buffer, has completed), tells the peers that
+/// put into this rank that it is ready (a signal on a channel of its own: no peer writes into a
+/// buffer that the caller's stream has not released yet, nor into staging a previous call still
+/// uses), waits for the same from the peers it puts into, runs the rank program (copies on the
+/// memory space's stream, puts and signals on the transports, waits by polling), and writes the
+/// flag, which releases the caller's stream: work enqueued after the call sees every byte. Calls
+/// run in the order they were made. A call that must change what earlier queued calls use
+/// (register or evict a buffer, grow staging, exchange or open handles) first waits, in the
+/// calling thread, for those calls to finish executing. An error while executing is kept:
+/// `async_error()` reports it, the next call (and `synchronize()`) raises it, the caller's stream
+/// is released anyway (it never hangs), and later queued calls are released without running.
 ///
 /// An error raised before execution (bad arguments, counts or options that disagree) leaves the
 /// engine usable. An error during execution (a peer that did not signal in time) leaves signal
@@ -172,7 +267,7 @@ public:
   /// alpha, a quantum); `mem` is the memory space (a GPU space carries its stream).
   engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{}, M mem = M{})
       : planner_(topo, opt.planning, dec), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt),
-        mem_(std::move(mem)) {
+        mem_(std::move(mem)), bounce_(!registers_directly(scaleout, M::kind)) {
     n_ = topo.ranks();
     G_ = topo.gpus_per_server();
     me_ = boot.rank();
@@ -182,13 +277,14 @@ public:
                   " = " + std::to_string(n_));
     if (opt_.rail_window < 1) throw error("engine: rail_window must be at least 1");
     if (opt_.registration_cache < 2) throw error("engine: registration_cache must be at least 2 (send and receive)");
-    if (!Out::can_register(M::kind))
-      throw error(std::string("engine: the scale-out transport cannot register ") + to_string(M::kind) + " memory");
+    if (bounce_ && !Out::can_register(memory_kind::host))
+      throw error(std::string("engine: the scale-out transport registers neither ") + to_string(M::kind) +
+                  " memory nor host memory to bounce it through");
     digest_ = options_digest(topo, dec);
-    up_conn_.emplace(up_->connect(engine_channel::count));
-    out_conn_.emplace(out_->connect(engine_channel::count));
-    expected_.assign(static_cast<std::size_t>(n_) * 2 * engine_channel::count, 0);
-    signalled_.assign(static_cast<std::size_t>(n_) * 2 * engine_channel::count, 0);
+    up_conn_.emplace(up_->connect(channels));
+    out_conn_.emplace(out_->connect(channels));
+    expected_.assign(static_cast<std::size_t>(n_) * 2 * channels, 0);
+    signalled_.assign(static_cast<std::size_t>(n_) * 2 * channels, 0);
     known_.resize(static_cast<std::size_t>(n_));
     peer_staging_.resize(static_cast<std::size_t>(n_));
     staging_cap_.assign(static_cast<std::size_t>(n_), 0);
@@ -196,8 +292,16 @@ public:
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  /// Deregisters every buffer this engine registered and forgets its peers' handles.
+  /// Waits for queued stream-ordered calls to finish executing (their errors are dropped), then
+  /// deregisters every buffer this engine registered and forgets its peers' handles. The caller's
+  /// streams must have passed the engine's last call before it is destroyed (they wait on a flag
+  /// the engine owns), as a communicator is destroyed only after its work.
   ~engine() {
+    stop_proxy();
+    try {
+      mem_.synchronize(); // the last release flag write is done before the flag is freed
+    } catch (...) {
+    }
     for (auto& peer : known_)
       for (remote_entry& e : peer) forget(e);
     for (peer_stage& s : peer_staging_) forget(s);
@@ -212,16 +316,37 @@ public:
   /// This rank's view of the last call's plan.
   const plan& last_plan() const noexcept { return plan_; }
   /// This rank's program of the last call.
-  const rank_program& last_program() const noexcept { return program_; }
+  const rank_program& last_program() const noexcept { return cur_.program; }
   const call_stats& last_stats() const noexcept { return stats_; }
   /// The digest of this engine's options that every rank compares in each call.
   std::uint64_t options_digest() const noexcept { return digest_; }
   /// Buffers registered now: windows and cached ones (staging not counted).
   std::size_t registered_buffers() const noexcept { return regs_.size(); }
+  /// Whether scale-out data goes through host bounce buffers (see the class comment).
+  bool bounces() const noexcept { return bounce_; }
+
+  /// The error of a stream-ordered call that failed while executing, or "" (like
+  /// ncclCommGetAsyncError). Sticky: the engine must be discarded after one.
+  std::string async_error() const {
+    std::lock_guard l(qm_);
+    return async_error_;
+  }
+  /// Stream-ordered calls made but not yet finished executing (queued or running).
+  std::size_t pending() const {
+    std::lock_guard l(qm_);
+    return queue_.size() + (busy_ ? 1 : 0);
+  }
+  /// Waits until every stream-ordered call made so far has finished executing (the caller's
+  /// streams are released by then, or about to be), then raises an asynchronous error if any.
+  void synchronize() {
+    drain();
+    raise_async_error();
+  }
 
   /// Registers `buf` for later calls: a call whose send or receive buffer lies inside it needs no
   /// registration of its own. Local (not collective). Throws whatever the transports throw.
   window register_window(std::span<std::byte> buf) {
+    drain();
     registration& r = add_registration(buf.data(), buf.size(), true);
     return window(this, r.id, buf);
   }
@@ -230,6 +355,7 @@ public:
   /// and may be reused at the same address for other memory (a transport that maps or pins memory
   /// would otherwise keep the old mapping). Windows are released by their own handle.
   void forget_buffer(const void* p) noexcept {
+    drain();
     const auto* b = static_cast<const std::byte*>(p);
     for (std::size_t i = 0; i < regs_.size();)
       if (!regs_[i].window && regs_[i].ptr <= b && b < regs_[i].ptr + std::max<std::size_t>(regs_[i].size, 1)) {
@@ -253,41 +379,14 @@ public:
                  std::size_t elem_size = 1) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    stats_ = {};
-    ++clock_;
-    std::string problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
-    // A rank with bad arguments still takes part in the exchange, so every rank learns it.
-    registration* sreg = nullptr;
-    registration* rreg = nullptr;
-    if (problem.empty()) {
-      try {
-        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size());
-        rreg = &lookup(recv.data(), recv.size());
-        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size()); // the recv lookup may have moved it
-      } catch (const std::exception& e) {
-        problem = std::string("registering its buffers: ") + e.what();
-      }
-    }
-    exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size);
-    const auto t1 = clock::now();
-    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only
-    const bool handles = staging_and_handles_needed();
-    const auto t2 = clock::now();
-    if (handles) exchange_handles(*rreg);
-    const auto t3 = clock::now();
-    builder_.build(plan_, me_, layout{this}, program_);
+    raise_async_error();
+    drain(); // queued stream-ordered calls finish first: this call runs in the calling thread
+    prepare(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size, false, {});
     const auto t4 = clock::now();
-    bind(*sreg, send, *rreg, recv);
-    execute();
+    execute(cur_);
     const auto t5 = clock::now();
-    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    stats_.plan_s = sec(t1, t2) + sec(t3, t4);
-    stats_.exchange_s = sec(t0, t1) + sec(t2, t3);
-    stats_.execute_s = sec(t4, t5);
-    stats_.total_s = sec(t0, t5);
-    stats_.exchanges = handles ? 2 : 1;
-    stats_.puts = program_.puts();
-    stats_.pieces_sent = program_.pieces_sent();
+    stats_.execute_s = std::chrono::duration<double>(t5 - t4).count();
+    stats_.total_s = std::chrono::duration<double>(t5 - t0).count();
   }
 
   /// Typed form: counts and displacements in elements of T.
@@ -299,9 +398,57 @@ public:
               recv_displs, sizeof(T));
   }
 
+  /// Stream-ordered form, for buffers in the memory space's memory (device buffers with
+  /// gpu_memory): the same arguments, counts and displacements on the host, and the caller's
+  /// `stream`. Checks, exchanges the counts and plans now, in the calling thread (errors in the
+  /// arguments raise here, on every rank, as in the host form), then returns without waiting for
+  /// the bytes: work enqueued on `stream` before the call is complete before any byte of the call
+  /// is read or written, and work enqueued on it after the call sees every byte received. Every
+  /// rank must make the same calls in the same order, all host form or all stream form per call.
+  ///
+  /// Until `stream` has passed the call, the caller must keep alive: the send and receive
+  /// buffers (and not write the send buffer nor touch the receive buffer except through work
+  /// enqueued on `stream`), the stream itself, and the engine. The counts and displacements are
+  /// copied: their arrays may be reused as soon as the call returns.
+  ///
+  /// Raises an earlier call's asynchronous error (see async_error) before doing anything. `stream`
+  /// must not be the memory space's own stream (the engine works on that one while the caller's
+  /// waits): every rank is told, as for bad arguments.
+  template <class S>
+    requires StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>
+  void alltoallv(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
+                 std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
+                 std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs, S stream,
+                 std::size_t elem_size = 1) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    raise_async_error();
+    std::string problem;
+    if (stream == static_cast<S>(mem_.stream()))
+      problem = "the stream passed is the memory space's own stream, on which the engine works: pass the caller's stream";
+    prepare(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size, true, problem);
+    enqueue(stream);
+    stats_.total_s = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  /// Typed stream-ordered form.
+  template <class T, class S>
+    requires StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>
+  void alltoallv(std::span<const T> send, std::span<const std::uint64_t> send_counts,
+                 std::span<const std::uint64_t> send_displs, std::span<T> recv,
+                 std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs, S stream) {
+    alltoallv(std::as_bytes(send), send_counts, send_displs, std::as_writable_bytes(recv), recv_counts,
+              recv_displs, stream, sizeof(T));
+  }
+
 private:
   using up_conn = typename Up::connection;
   using out_conn = typename Out::connection;
+  using bounce_buffer = typename detail::host_buffer_of<M>::type;
+  /// The engine's channels: the program's, and one on which a rank tells a peer that it is ready
+  /// for the peer's puts of a stream-ordered call.
+  static constexpr channel_id ready_channel = engine_channel::count;
+  static constexpr channel_id channels = engine_channel::count + 1;
 
   /// A buffer registered with both transports.
   struct registration {
@@ -309,15 +456,20 @@ private:
     std::size_t size = 0;
     typename Up::memory up{};
     typename Out::memory out{};
+    std::shared_ptr<bounce_buffer> mirror; ///< bouncing: the host mirror registered with the scale-out transport
     std::uint64_t id = 0;   ///< unique over this engine's life; never reused
     std::uint64_t used = 0; ///< the call that used it last (LRU)
     bool window = false;
   };
   /// What this rank knows of a peer's receive registration: its id and the handles it opened
   /// (scale-up for peers of its server, scale-out for the others).
+  /// The handles are opened only when this rank first puts into the registration: then its owner
+  /// is inside the call that uses it (it waits for this rank's signal), so its memory is alive. A
+  /// rank that has nothing to put never opens it, even if its owner frees it at once.
   struct remote_entry {
     std::uint64_t id = 0;
     std::uint64_t used = 0;
+    std::vector<std::byte> blob; ///< the handle (scale-up for peers of this server, else scale-out)
     std::optional<typename Up::remote> up;
     std::optional<typename Out::remote> out;
   };
@@ -330,7 +482,7 @@ private:
   // The counts exchange: per rank a header, then per peer j the bytes sent to j, the bytes
   // expected from j, the byte offset of j's message in the receive buffer and of the message to j
   // in the send buffer.
-  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, header_words };
+  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered, header_words };
   std::size_t counts_words() const noexcept { return header_words + 4 * static_cast<std::size_t>(n_); }
   std::uint64_t word(rank_t r, std::size_t k) const noexcept { return all_[static_cast<std::size_t>(r) * counts_words() + k]; }
   bytes_t recv_displ(rank_t dst, rank_t src) const noexcept { return word(dst, header_words + 2 * n_ + src); }
@@ -391,19 +543,192 @@ private:
     return fits("receive", recv_counts, recv_displs, recv.size());
   }
 
+  // --- one call, up to execution ---------------------------------------------------------
+
+  /// What execution reads: a copy goes with a stream-ordered call into the proxy's queue.
+  struct exec {
+    rank_program program;
+    bool staged = false;
+    bool ordered = false;         ///< stream form: peers say they are ready first
+    std::uint64_t seq = 0;        ///< stream form: the value of the release flag when done
+    std::vector<bytes_t> peer_recv_base;
+    registration send_reg, recv_reg, staging_reg;
+    std::byte *send_ptr = nullptr, *recv_ptr = nullptr, *staging_ptr = nullptr;
+    bytes_t send_base = 0, recv_base = 0;
+    std::vector<remote_entry*> peer_recv;
+    std::vector<std::vector<instr>> bounce_in; ///< bouncing: scale-out expects per stage (last: finish)
+  };
+
+  // Everything of a call before execution, in the calling thread; fills cur_.
+  void prepare(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
+               std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
+               std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
+               std::size_t elem_size, bool ordered, std::string problem) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    stats_ = {};
+    ++clock_;
+    if (problem.empty())
+      problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
+    // A rank with bad arguments still takes part in the exchange, so every rank learns it.
+    registration* sreg = nullptr;
+    registration* rreg = nullptr;
+    if (problem.empty()) {
+      try {
+        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size());
+        rreg = &lookup(recv.data(), recv.size());
+        sreg = &lookup(const_cast<std::byte*>(send.data()), send.size()); // the recv lookup may have moved it
+      } catch (const std::exception& e) {
+        problem = std::string("registering its buffers: ") + e.what();
+      }
+    }
+    exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
+    const auto t1 = clock::now();
+    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only
+    const bool handles = staging_and_handles_needed();
+    const auto t2 = clock::now();
+    if (handles) {
+      drain();
+      exchange_handles(*rreg);
+    }
+    const auto t3 = clock::now();
+    builder_.build(plan_, me_, layout{this}, cur_.program);
+    bind(cur_, *sreg, send, *rreg, recv);
+    cur_.ordered = ordered;
+    const auto t4 = clock::now();
+    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    stats_.plan_s = sec(t1, t2) + sec(t3, t4);
+    stats_.exchange_s = sec(t0, t1) + sec(t2, t3);
+    stats_.exchanges = handles ? 2 : 1;
+    stats_.puts = cur_.program.puts();
+    stats_.pieces_sent = cur_.program.pieces_sent();
+  }
+
+  // --- stream-ordered calls: the queue and the proxy thread ------------------------------------
+
+  struct stream_job {
+    exec x;
+    std::optional<typename detail::event_of<M>::type> start;
+  };
+
+  void raise_async_error() const {
+    std::lock_guard l(qm_);
+    if (!async_error_.empty()) throw error("an earlier stream-ordered all-to-allv failed: " + async_error_);
+  }
+  // Waits until no stream-ordered call is queued or running (never throws).
+  void drain() const noexcept {
+    std::unique_lock l(qm_);
+    qcv_.wait(l, [&] { return queue_.empty() && !busy_; });
+  }
+
+  template <class S>
+  void enqueue(S stream) {
+    if constexpr (StreamMemorySpace<M>) {
+      if (!flag_.data()) {
+        flag_ = mem_.allocate(sizeof(std::uint64_t));
+        const std::uint64_t zero = 0;
+        mem_.copy(flag_.data(), reinterpret_cast<const std::byte*>(&zero), sizeof zero);
+        mem_.synchronize();
+      }
+      if (!proxy_.joinable()) proxy_ = std::thread([this] { proxy_loop(); });
+      auto job = std::make_unique<stream_job>();
+      job->x = cur_;
+      job->x.seq = ++release_seq_;
+      job->start.emplace(mem_.record(stream));
+      mem_.wait_value(stream, reinterpret_cast<std::uint64_t*>(flag_.data()), job->x.seq);
+      {
+        std::lock_guard l(qm_);
+        queue_.push_back(std::move(job));
+      }
+      qcv_.notify_all();
+    }
+  }
+
+  void stop_proxy() noexcept {
+    if (!proxy_.joinable()) return;
+    {
+      std::lock_guard l(qm_);
+      stop_ = true;
+    }
+    qcv_.notify_all();
+    proxy_.join();
+  }
+
+  // The proxy: one queued call after another, each after the caller's stream reached it; the
+  // caller's stream is released (the flag written) whatever happens.
+  void proxy_loop() {
+    if constexpr (StreamMemorySpace<M>) {
+      for (;;) {
+        std::unique_ptr<stream_job> job;
+        bool failed;
+        {
+          std::unique_lock l(qm_);
+          qcv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+          if (queue_.empty()) return;
+          job = std::move(queue_.front());
+          queue_.pop_front();
+          busy_ = true;
+          failed = !async_error_.empty();
+        }
+        std::string err;
+        if (!failed) {
+          try {
+            const bool reached = detail::poll_until([&] { return static_cast<bool>(job->start->done()); }, opt_.waiting,
+                                                    opt_.timeout);
+            if (!reached)
+              throw error("rank " + std::to_string(me_) + ": the caller's stream did not reach stream-ordered call " +
+                          std::to_string(job->x.seq) + " within " + std::to_string(opt_.timeout.count()) + " ms");
+            execute(job->x);
+          } catch (const std::exception& e) {
+            err = e.what();
+            if (err.empty()) err = "(an error without a message)";
+          }
+        }
+        try {
+          mem_.write_value(reinterpret_cast<std::uint64_t*>(flag_.data()), job->x.seq);
+        } catch (const std::exception& e) {
+          if (err.empty()) err = std::string("releasing the caller's stream: ") + e.what();
+        }
+        job.reset();
+        {
+          std::lock_guard l(qm_);
+          if (!err.empty() && async_error_.empty()) async_error_ = err;
+          busy_ = false;
+        }
+        qcv_.notify_all();
+      }
+    }
+  }
+
   // --- registrations -------------------------------------------------------------------------
 
-  registration& add_registration(std::byte* p, std::size_t n, bool window) {
+  // Registers [p, p + n) with both transports (the scale-out one: its host mirror, when bouncing).
+  registration make_registration(std::byte* p, std::size_t n) {
     registration r;
     r.ptr = p;
     r.size = n;
     r.up = up_->register_memory(p, n);
     try {
-      r.out = out_->register_memory(p, n);
+      if (bounce_) {
+        if constexpr (detail::pinned_host_allocation<M>) r.mirror = std::make_shared<bounce_buffer>(mem_.allocate_host(n));
+        else r.mirror = std::make_shared<bounce_buffer>(host_memory{}.allocate(n));
+        r.out = out_->register_memory(r.mirror->data(), n);
+      } else if constexpr (M::kind != memory_kind::host && requires { out_->register_memory(p, n, M::kind); }) {
+        // Device memory registered directly (GPUDirect RDMA): the RDMA transports take its kind.
+        if constexpr (requires { mem_.device(); }) r.out = out_->register_memory(p, n, M::kind, mem_.device());
+        else r.out = out_->register_memory(p, n, M::kind);
+      } else {
+        r.out = out_->register_memory(p, n);
+      }
     } catch (...) {
       up_->deregister(r.up);
       throw;
     }
+    return r;
+  }
+
+  registration& add_registration(std::byte* p, std::size_t n, bool window) {
+    registration r = make_registration(p, n);
     ++stats_.registrations;
     r.id = next_id_++;
     r.used = clock_;
@@ -424,6 +749,7 @@ private:
   }
 
   void drop_registration(std::uint64_t id) noexcept {
+    drain();
     for (std::size_t i = 0; i < regs_.size(); ++i)
       if (regs_[i].id == id) {
         deregister(regs_[i]);
@@ -455,6 +781,7 @@ private:
       if (cached < opt_.registration_cache || lru == nullptr) break;
       drop_registration(lru->id);
     }
+    drain(); // regs_ may move: queued calls hold no pointer into it, but keep it simple and safe
     return add_registration(p, n, false);
   }
 
@@ -463,10 +790,11 @@ private:
   void exchange_counts(const std::string& problem, const registration* rreg, std::span<std::byte> recv,
                        std::span<const std::uint64_t> send_counts, std::span<const std::uint64_t> send_displs,
                        std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
-                       std::size_t elem_size) {
+                       std::size_t elem_size, bool ordered) {
     const std::size_t w = counts_words();
     mine_.assign(w, 0);
     mine_[h_verdict] = problem.empty() ? 0 : 1;
+    mine_[h_ordered] = ordered ? 1 : 0;
     mine_[h_elem] = elem_size;
     mine_[h_digest] = digest_;
     if (problem.empty()) {
@@ -489,6 +817,10 @@ private:
         throw error("rank " + std::to_string(r) + " was made with other options than rank " + std::to_string(me_) +
                     " (topology, plan options, decomposer, memory space, transports or engine options differ): "
                     "every rank must make the same plan; nothing was sent");
+      if (word(r, h_ordered) != (ordered ? 1u : 0u))
+        throw error("rank " + std::to_string(r) + " made this call in the " +
+                    (word(r, h_ordered) ? "stream-ordered" : "host") + " form, rank " + std::to_string(me_) +
+                    " in the " + (ordered ? "stream-ordered" : "host") + " form: every rank must use the same; nothing was sent");
       if (word(r, h_elem) != elem_size)
         throw error("rank " + std::to_string(r) + " uses elements of " + std::to_string(word(r, h_elem)) +
                     " bytes, rank " + std::to_string(me_) + " of " + std::to_string(elem_size));
@@ -550,20 +882,12 @@ private:
     }
     const bytes_t mine = staging_cap_[static_cast<std::size_t>(me_)];
     if (mine > staging_.size()) { // grown, never shrunk; contents unspecified (every byte read is written first)
+      drain();                      // queued calls use the old staging
       if (staging_reg_) deregister(*staging_reg_);
       staging_reg_.reset();
       staging_ = typename M::buffer{};
       staging_ = mem_.allocate(mine);
-      registration r;
-      r.ptr = staging_.data();
-      r.size = staging_.size();
-      r.up = up_->register_memory(r.ptr, r.size);
-      try {
-        r.out = out_->register_memory(r.ptr, r.size);
-      } catch (...) {
-        up_->deregister(r.up);
-        throw;
-      }
+      registration r = make_registration(staging_.data(), staging_.size());
       stats_.registrations += 1;
       r.id = next_id_++;
       staging_reg_ = r;
@@ -605,8 +929,8 @@ private:
         remote_entry e;
         e.id = got[0];
         e.used = clock_;
-        if (up) e.up = up_->deserialize(r, std::span(b + 16, hu));
-        if (out) e.out = out_->deserialize(r, std::span(b + 16 + hu, ho));
+        if (up) e.blob.assign(b + 16, b + 16 + hu);
+        if (out) e.blob.assign(b + 16 + hu, b + 16 + hu + ho);
         list.push_back(std::move(e));
       }
       peer_stage& ps = peer_staging_[static_cast<std::size_t>(r)];
@@ -623,69 +947,123 @@ private:
 
   // --- execution -----------------------------------------------------------------------------
 
-  // Resolves this call's buffers: local registrations and base offsets, peers' receive entries.
-  void bind(registration& sreg, std::span<const std::byte> send, registration& rreg, std::span<std::byte> recv) {
-    send_reg_ = &sreg;
-    recv_reg_ = &rreg;
-    send_ptr_ = const_cast<std::byte*>(send.data());
-    recv_ptr_ = recv.data();
-    send_base_ = static_cast<bytes_t>(send_ptr_ - sreg.ptr);
-    recv_base_ = static_cast<bytes_t>(recv_ptr_ - rreg.ptr);
-    peer_recv_.assign(static_cast<std::size_t>(n_), nullptr);
+  // Resolves this call's buffers: local registrations and base offsets, peers' receive entries,
+  // opening a peer's handle the first time this rank puts into it.
+  void bind(exec& x, registration& sreg, std::span<const std::byte> send, registration& rreg, std::span<std::byte> recv) {
+    x.staged = plan_.staged;
+    x.send_reg = sreg;
+    x.recv_reg = rreg;
+    x.staging_reg = staging_reg_ ? *staging_reg_ : registration{};
+    x.staging_ptr = staging_.data();
+    x.send_ptr = const_cast<std::byte*>(send.data());
+    x.recv_ptr = recv.data();
+    x.send_base = static_cast<bytes_t>(x.send_ptr - sreg.ptr);
+    x.recv_base = static_cast<bytes_t>(x.recv_ptr - rreg.ptr);
+    x.peer_recv.assign(static_cast<std::size_t>(n_), nullptr);
+    x.peer_recv_base.assign(static_cast<std::size_t>(n_), 0);
     for (rank_t r = 0; r < n_; ++r) {
       remote_entry* e = find_known(r, word(r, h_recv_id));
       e->used = clock_;
-      peer_recv_[static_cast<std::size_t>(r)] = e;
+      x.peer_recv[static_cast<std::size_t>(r)] = e;
+      x.peer_recv_base[static_cast<std::size_t>(r)] = word(r, h_recv_base);
+    }
+    for (const instr& i : x.program.code()) {
+      if (i.op != instr_op::put || i.dst_buf != buffer_id::recv || i.peer == me_) continue;
+      remote_entry& e = *x.peer_recv[static_cast<std::size_t>(i.peer)];
+      const bool up = i.via == tier::scaleup;
+      if (up ? e.up.has_value() : e.out.has_value()) continue;
+      drain(); // opening changes the transport's state that queued calls may use
+      if (up) e.up = up_->deserialize(i.peer, e.blob);
+      else e.out = out_->deserialize(i.peer, e.blob);
+    }
+    x.bounce_in.clear();
+    if (bounce_) {
+      x.bounce_in.resize(x.program.stages() + 1);
+      for (const instr& i : x.program.at(rank_program::section::post))
+        if (i.via == tier::scaleout && i.bytes > 0)
+          x.bounce_in[x.staged ? static_cast<std::size_t>(i.stage) : x.program.stages()].push_back(i);
     }
   }
 
-  std::byte* local_ptr(buffer_id b) const noexcept {
-    return b == buffer_id::send ? send_ptr_ : b == buffer_id::recv ? recv_ptr_ : staging_.data();
+  static std::byte* local_ptr(const exec& x, buffer_id b) noexcept {
+    return b == buffer_id::send ? x.send_ptr : b == buffer_id::recv ? x.recv_ptr : x.staging_ptr;
   }
-  bytes_t local_base(buffer_id b) const noexcept {
-    return b == buffer_id::send ? send_base_ : b == buffer_id::recv ? recv_base_ : 0;
+  static bytes_t local_base(const exec& x, buffer_id b) noexcept {
+    return b == buffer_id::send ? x.send_base : b == buffer_id::recv ? x.recv_base : 0;
+  }
+  static const registration& reg_of(const exec& x, buffer_id b) noexcept {
+    return b == buffer_id::send ? x.send_reg : b == buffer_id::recv ? x.recv_reg : x.staging_reg;
   }
 
   std::uint64_t& expected(tier via, rank_t peer, channel_id ch) noexcept {
-    return expected_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * engine_channel::count + ch];
+    return expected_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * channels + ch];
   }
   std::uint64_t& signalled(tier via, rank_t peer, channel_id ch) noexcept {
-    return signalled_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * engine_channel::count + ch];
+    return signalled_[(static_cast<std::size_t>(peer) * 2 + static_cast<std::size_t>(via)) * channels + ch];
+  }
+
+  void signal(tier via, rank_t peer, channel_id ch) {
+    if (via == tier::scaleup) up_conn_->signal(peer, ch);
+    else out_conn_->signal(peer, ch);
+    ++signalled(via, peer, ch);
   }
 
   // Runs one copy, put, expect or signal.
-  void run(const instr& i) {
+  void run(const exec& x, const instr& i) {
     const bool up = i.via == tier::scaleup;
     switch (i.op) {
-    case instr_op::copy: mem_.copy(local_ptr(i.dst_buf) + i.dst, local_ptr(i.src_buf) + i.src, i.bytes); break;
+    case instr_op::copy: mem_.copy(local_ptr(x, i.dst_buf) + i.dst, local_ptr(x, i.src_buf) + i.src, i.bytes); break;
     case instr_op::put: {
       const bool to_recv = i.dst_buf == buffer_id::recv;
-      const remote_entry* pr = peer_recv_[static_cast<std::size_t>(i.peer)];
+      const remote_entry* pr = x.peer_recv[static_cast<std::size_t>(i.peer)];
       const peer_stage& ps = peer_staging_[static_cast<std::size_t>(i.peer)];
-      const bytes_t dst = i.dst + (to_recv ? word(i.peer, h_recv_base) : 0);
-      const auto& reg_s = i.src_buf == buffer_id::send ? *send_reg_ : i.src_buf == buffer_id::recv ? *recv_reg_ : *staging_reg_;
-      const bytes_t src = i.src + local_base(i.src_buf);
+      const bytes_t dst = i.dst + (to_recv ? x.peer_recv_base[static_cast<std::size_t>(i.peer)] : 0);
+      const registration& reg_s = reg_of(x, i.src_buf);
+      const bytes_t src = i.src + local_base(x, i.src_buf);
       if (up) up_conn_->put(i.peer, reg_s.up, src, to_recv ? *pr->up : *ps.up, dst, i.bytes, i.channel);
       else out_conn_->put(i.peer, reg_s.out, src, to_recv ? *pr->out : *ps.out, dst, i.bytes, i.channel);
       break;
     }
     case instr_op::expect: {
-      const auto& reg_d = i.dst_buf == buffer_id::recv ? *recv_reg_ : *staging_reg_;
-      const bytes_t dst = i.dst + local_base(i.dst_buf);
+      const registration& reg_d = reg_of(x, i.dst_buf);
+      const bytes_t dst = i.dst + local_base(x, i.dst_buf);
       if (up) up_conn_->expect(i.peer, reg_d.up, dst, i.bytes, i.channel);
       else out_conn_->expect(i.peer, reg_d.out, dst, i.bytes, i.channel);
       break;
     }
-    case instr_op::signal:
-      if (up) up_conn_->signal(i.peer, i.channel);
-      else out_conn_->signal(i.peer, i.channel);
-      ++signalled(i.via, i.peer, i.channel);
-      break;
+    case instr_op::signal: signal(i.via, i.peer, i.channel); break;
     case instr_op::wait: break; // the runner waits
     }
   }
-  void run(std::span<const instr> code) {
-    for (const instr& i : code) run(i);
+  void run(const exec& x, std::span<const instr> code) {
+    bounce_out(x, code);
+    for (const instr& i : code) run(x, i);
+  }
+
+  // Bouncing: the bytes of a section's scale-out puts go device -> host mirror before the puts
+  // (which the transport makes from the mirror, at the same offsets).
+  void bounce_out(const exec& x, std::span<const instr> code) {
+    if (!bounce_) return;
+    bool any = false;
+    for (const instr& i : code)
+      if (i.op == instr_op::put && i.via == tier::scaleout && i.bytes > 0) {
+        const registration& reg = reg_of(x, i.src_buf);
+        const bytes_t at = i.src + local_base(x, i.src_buf);
+        mem_.copy(reg.mirror->data() + at, reg.ptr + at, i.bytes);
+        any = true;
+      }
+    if (any) mem_.synchronize();
+  }
+  // Bouncing: once the waits of stage t (or of the finish, t = stages) have covered them, the
+  // scale-out expects' bytes go host mirror -> device, before anything reads them.
+  void bounce_in(const exec& x, std::size_t t) {
+    if (!bounce_ || x.bounce_in[t].empty()) return;
+    for (const instr& i : x.bounce_in[t]) {
+      const registration& reg = reg_of(x, i.dst_buf);
+      const bytes_t at = i.dst + local_base(x, i.dst_buf);
+      mem_.copy(reg.ptr + at, reg.mirror->data() + at, i.bytes);
+    }
+    mem_.synchronize(); // the scale-up transport's stream may not be the memory space's
   }
 
   // Takes the next signal of a wait if it is there already; never blocks.
@@ -696,26 +1074,56 @@ private:
     return ok;
   }
   // Waits for the next signal of a wait, naming what is missing on timeout.
-  void await(const instr& w) {
+  void await(const exec& x, const instr& w) {
     std::uint64_t& e = expected(w.via, w.peer, w.channel);
     ++e;
     const bool ok = w.via == tier::scaleup ? up_conn_->wait(w.peer, w.channel, e, opt_.timeout)
                                            : out_conn_->wait(w.peer, w.channel, e, opt_.timeout);
-    if (!ok) throw missing(w);
+    if (!ok) throw missing(x, w);
   }
-  error missing(const instr& w) const {
+  error missing(const exec& x, const instr& w) const {
+    if (w.channel == ready_channel)
+      return error("rank " + std::to_string(me_) + ": rank " + std::to_string(w.peer) +
+                   " did not say it is ready for stream-ordered call " + std::to_string(x.seq) + " within " +
+                   std::to_string(opt_.timeout.count()) + " ms (its stream did not reach the call, or it failed)");
     return error("rank " + std::to_string(me_) + ": no " + engine_channel_name(w.channel) + " signal from rank " +
-                 std::to_string(w.peer) + (plan_.staged ? " in stage " + std::to_string(w.stage) : std::string()) +
+                 std::to_string(w.peer) + (x.staged ? " in stage " + std::to_string(w.stage) : std::string()) +
                  " within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
-  void execute() {
+  // Stream form: this rank tells every peer that puts into it that it is ready (its stream has
+  // reached the call, and its previous call has finished with staging), then waits until every
+  // peer it puts into has said the same.
+  void clear_to_send(const exec& x) {
+    ready_in_.clear();
+    ready_out_.clear();
+    for (const instr& i : x.program.code()) {
+      if (i.op == instr_op::expect) ready_in_.emplace_back(i.via, i.peer);
+      if (i.op == instr_op::put) ready_out_.emplace_back(i.via, i.peer);
+    }
+    for (auto* v : {&ready_in_, &ready_out_}) {
+      std::sort(v->begin(), v->end());
+      v->erase(std::unique(v->begin(), v->end()), v->end());
+    }
+    for (const auto& [via, peer] : ready_in_) signal(via, peer, ready_channel);
+    for (const auto& [via, peer] : ready_out_) {
+      instr w;
+      w.op = instr_op::wait, w.via = via, w.peer = peer, w.channel = ready_channel;
+      await(x, w);
+    }
+  }
+
+  void execute(const exec& x) {
     using sec = rank_program::section;
-    const rank_program& pg = program_;
-    run(pg.at(sec::post));
-    run(pg.at(sec::start));
-    if (pg.stages() > 0) run_stages();
-    for (const instr& w : pg.at(sec::finish)) await(w);
+    const rank_program& pg = x.program;
+    run(x, pg.at(sec::post));
+#ifndef FASTA2A_ENGINE_MUTATION_NO_READY // mutation test: peers may write before this rank is ready
+    if (x.ordered) clear_to_send(x);
+#endif
+    run(x, pg.at(sec::start));
+    if (pg.stages() > 0) run_stages(x);
+    for (const instr& w : pg.at(sec::finish)) await(x, w);
+    if (bounce_) bounce_in(x, pg.stages());
     up_conn_->flush();
     out_conn_->flush();
     mem_.synchronize();
@@ -726,16 +1134,17 @@ private:
   // than rail_window earlier stages' rail sends are still leaving this rank; stage r is
   // redistributed as soon as its rail data has arrived. Nothing waits on a condition while another
   // one could progress.
-  void run_stages() {
+  void run_stages(const exec& x) {
     using sec = rank_program::section;
-    const rank_program& pg = program_;
+    const rank_program& pg = x.program;
     const std::size_t T = pg.stages(), W = opt_.rail_window;
     rail_peer_.assign(T, -1);
     rail_count_.assign(T, 0);
     leaving_.clear();
     auto post_rail = [&](std::size_t t) {
+      bounce_out(x, pg.at(sec::rail, t));
       for (const instr& i : pg.at(sec::rail, t)) {
-        run(i);
+        run(x, i);
         if (i.op == instr_op::signal) {
           rail_peer_[t] = i.peer;
           rail_count_[t] = signalled(tier::scaleout, i.peer, i.channel);
@@ -746,7 +1155,7 @@ private:
 
     std::size_t rail = 0, redist = 0, bal_i = 0, in_i = 0;
     const std::size_t ahead = std::min(T, W);
-    for (std::size_t t = 0; t < ahead; ++t) run(pg.at(sec::balance, t));
+    for (std::size_t t = 0; t < ahead; ++t) run(x, pg.at(sec::balance, t));
 
     detail::backoff idle(opt_.waiting);
     auto last = std::chrono::steady_clock::now();
@@ -764,7 +1173,7 @@ private:
         });
         if (bal_i == waits.size() && leaving_.size() < W) {
           post_rail(rail);
-          if (rail + W < T) run(pg.at(sec::balance, rail + W));
+          if (rail + W < T) run(x, pg.at(sec::balance, rail + W));
           ++rail;
           bal_i = 0;
           moved = true;
@@ -774,7 +1183,8 @@ private:
         const auto waits = pg.at(sec::await_rail, redist);
         while (in_i < waits.size() && take(waits[in_i])) ++in_i, moved = true;
         if (in_i == waits.size()) {
-          run(pg.at(sec::redistribute, redist));
+          bounce_in(x, redist);
+          run(x, pg.at(sec::redistribute, redist));
           ++redist;
           in_i = 0;
           moved = true;
@@ -787,8 +1197,8 @@ private:
         continue;
       }
       if (now - last >= opt_.timeout) {
-        if (redist < T && in_i < pg.at(sec::await_rail, redist).size()) throw missing(pg.at(sec::await_rail, redist)[in_i]);
-        if (rail < T && bal_i < pg.at(sec::await_balance, rail).size()) throw missing(pg.at(sec::await_balance, rail)[bal_i]);
+        if (redist < T && in_i < pg.at(sec::await_rail, redist).size()) throw missing(x, pg.at(sec::await_rail, redist)[in_i]);
+        if (rail < T && bal_i < pg.at(sec::await_balance, rail).size()) throw missing(x, pg.at(sec::await_balance, rail)[bal_i]);
         throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
                     " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
                     std::to_string(opt_.timeout.count()) + " ms");
@@ -812,7 +1222,7 @@ private:
   traffic_matrix traffic_;
   call_stats stats_;
   program_builder<layout> builder_;
-  rank_program program_;
+  exec cur_; ///< the call being prepared (host form: and executed)
   std::vector<std::uint64_t> mine_, all_, expected_, signalled_;
   std::vector<std::byte> handles_, all_handles_;
 
@@ -825,14 +1235,25 @@ private:
   std::vector<std::vector<remote_entry>> known_;
   std::vector<peer_stage> peer_staging_;
 
-  // The call in progress.
-  registration *send_reg_ = nullptr, *recv_reg_ = nullptr;
-  std::byte *send_ptr_ = nullptr, *recv_ptr_ = nullptr;
-  bytes_t send_base_ = 0, recv_base_ = 0;
-  std::vector<remote_entry*> peer_recv_;
+  // Execution's scratch (used by one thread at a time: the caller's, or the proxy's while calls
+  // are queued; the host form drains the queue first).
   std::vector<rank_t> rail_peer_;
   std::vector<std::uint64_t> rail_count_;
   std::vector<std::size_t> leaving_; // stages whose rail sends have not yet left this rank
+  std::vector<std::pair<tier, rank_t>> ready_in_, ready_out_;
+
+  // Bouncing scale-out data through host mirrors (see the class comment).
+  bool bounce_ = false;
+
+  // Stream-ordered calls: the queue, the proxy thread, the flag that releases callers' streams.
+  mutable std::mutex qm_;
+  mutable std::condition_variable qcv_;
+  std::deque<std::unique_ptr<stream_job>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::string async_error_;
+  typename M::buffer flag_{};
+  std::uint64_t release_seq_ = 0;
+  std::thread proxy_; // last: started only once everything above exists
 };
 
 } // namespace fasta2a

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -218,6 +219,16 @@ inline status free_device(void* p) {
   shm_unlink(it->second.name.c_str());
   munmap(p, it->second.size);
   r.allocations.erase(it);
+  return status::success;
+}
+
+/// Pinned host memory: plain host memory here (nothing to pin).
+inline status malloc_host(void** p, std::size_t n) {
+  *p = ::operator new(n == 0 ? 1 : n, std::nothrow);
+  return *p ? status::success : status::out_of_memory;
+}
+inline status free_host(void* p) {
+  ::operator delete(p);
   return status::success;
 }
 

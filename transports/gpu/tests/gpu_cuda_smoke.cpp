@@ -18,7 +18,7 @@ int main() {
   std::string why;
   const int devices = fasta2a::gpu::device_count(&why);
   if (devices == 0) {
-    std::printf("SKIP: no CUDA device/driver (%s)\n", why.c_str());
+    std::printf("SKIP: no device (%s)\n", why.c_str());
     return 77;
   }
   try {

@@ -85,7 +85,7 @@ struct gpu_world {
 /// memory does not open, on a real runtime as on the stand-in).
 template <class Engine>
 void device_call_checked(Engine& eng, fasta2a::host_bootstrap& boot, fasta2a::gpu_memory& mem, const fasta2a::traffic_matrix& t,
-                         rank_t r, std::size_t elem) {
+                         rank_t r, std::size_t elem, bool stream_form = false) {
   using namespace fasta2a;
   using namespace fasta2a::testing;
   const rank_t n = static_cast<rank_t>(t.rows());
@@ -96,10 +96,25 @@ void device_call_checked(Engine& eng, fasta2a::host_bootstrap& boot, fasta2a::gp
   gpu::memcpy_async(dsend.data(), send.data(), send.size(), mem.stream());
   gpu::memcpy_async(drecv.data(), recv.data(), recv.size(), mem.stream());
   mem.synchronize();
-  eng.alltoallv(std::span(dsend.data(), send.size()), l.send_counts, l.send_displs, std::span(drecv.data(), recv.size()),
-                l.recv_counts, l.recv_displs, elem);
-  gpu::memcpy_async(recv.data(), drecv.data(), recv.size(), mem.stream());
-  mem.synchronize();
+  if (stream_form) {
+    // Stream-ordered: the bytes are written on the caller's stream before the call and read on it
+    // after; nothing else synchronises.
+    gpu::stream caller;
+    const std::vector<std::byte> stale(send.size(), std::byte{0x5A}); // what the engine must not send
+    gpu::memcpy_async(dsend.data(), stale.data(), send.size(), caller.get());
+    caller.synchronize();
+    gpu::memcpy_async(dsend.data(), send.data(), send.size(), caller.get());
+    eng.alltoallv(std::span<const std::byte>(dsend.data(), send.size()), l.send_counts, l.send_displs,
+                  std::span(drecv.data(), recv.size()), l.recv_counts, l.recv_displs, caller.get(), elem);
+    gpu::memcpy_async(recv.data(), drecv.data(), recv.size(), caller.get());
+    caller.synchronize();
+    eng.synchronize();
+  } else {
+    eng.alltoallv(std::span(dsend.data(), send.size()), l.send_counts, l.send_displs, std::span(drecv.data(), recv.size()),
+                  l.recv_counts, l.recv_displs, elem);
+    gpu::memcpy_async(recv.data(), drecv.data(), recv.size(), mem.stream());
+    mem.synchronize();
+  }
   boot.allgather({}, {});
   eng.forget_buffer(dsend.data());
   eng.forget_buffer(drecv.data());
@@ -121,7 +136,7 @@ void device_call_checked(Engine& eng, fasta2a::host_bootstrap& boot, fasta2a::gp
 /// both on the stream of the rank's gpu_memory; `calls` all-to-allvs on device buffers.
 template <class D>
 std::vector<std::string> run_device_engine(int S, int G, const std::vector<fasta2a::traffic_matrix>& calls, std::size_t elem,
-                                           std::size_t rail_window) {
+                                           std::size_t rail_window, bool stream_form = false) {
   using namespace fasta2a;
   const rank_t n = S * G;
   host_fabric fabric(n, std::chrono::seconds(20));
@@ -137,7 +152,7 @@ std::vector<std::string> run_device_engine(int S, int G, const std::vector<fasta
         engine_options opt;
         opt.rail_window = rail_window;
         engine<two_tier_topology, host_bootstrap, ipc, ipc, D, gpu_memory> eng(two_tier_topology(S, G), boot, up, out, opt, D{}, mem);
-        for (const traffic_matrix& t : calls) device_call_checked(eng, boot, mem, t, r, elem);
+        for (const traffic_matrix& t : calls) device_call_checked(eng, boot, mem, t, r, elem, stream_form);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
@@ -175,6 +190,126 @@ TEST_CASE("gpu_ipc.engine: device buffers from gpu_memory, byte-exact over skewe
       testing::require_all_ok(errors);
     }
   }
+}
+
+TEST_CASE("gpu_ipc.engine: stream-ordered calls from device buffers, byte-exact, 12 seeds with random delays") {
+  using namespace fasta2a;
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    const std::uint32_t delay = seed % 3 == 0 ? 0u : seed % 3 == 1 ? 100u : 300u;
+    standin_settings st(delay, seed, /*host_pointers=*/false);
+    std::mt19937_64 rng(777 + seed);
+    const int S = 1 + static_cast<int>(rng() % 3), G = 1 + static_cast<int>(rng() % 3);
+    const std::size_t elem = seed % 4 == 0 ? 4 : 1;
+    std::vector<traffic_matrix> calls;
+    for (int c = 0; c < 3; ++c) calls.push_back(testing::skewed_traffic(S * G, rng, elem));
+    CAPTURE(seed);
+    CAPTURE(S);
+    CAPTURE(G);
+    const std::size_t window = 1 + seed % 3;
+    testing::require_all_ok(seed % 2 ? run_device_engine<birkhoff_decomposer>(S, G, calls, elem, window, true)
+                                     : run_device_engine<direct_decomposer>(S, G, calls, elem, window, true));
+  }
+}
+
+TEST_CASE("gpu_ipc.engine: a stream that never reaches the call is an asynchronous error; every caller's stream is released") {
+  using namespace fasta2a;
+  standin_settings st(0, 5, false);
+  const rank_t n = 2;
+  host_fabric fabric(n, std::chrono::seconds(20));
+  std::vector<std::string> errors(n), async(n), next(n);
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        gpu_memory mem;
+        ipc up(boot, mem.shared_stream());
+        ipc out(boot, mem.shared_stream());
+        engine_options opt;
+        opt.timeout = std::chrono::milliseconds(400);
+        engine<two_tier_topology, host_bootstrap, ipc, ipc, direct_decomposer, gpu_memory> eng(two_tier_topology(1, 2), boot, up, out,
+                                                                                              opt, {}, mem);
+        gpu::device_buffer s(64), d(64), gate(8);
+        const std::uint64_t zero = 0, one = 1;
+        gpu::memcpy_async(gate.data(), &zero, 8, mem.stream());
+        mem.synchronize();
+        gpu::stream caller;
+        if (r == 1) gpu::wait_value64(caller.get(), reinterpret_cast<std::uint64_t*>(gate.data()), 1); // held back
+        const std::vector<std::uint64_t> counts{16, 16}, displs{0, 16};
+        eng.alltoallv(std::span<const std::byte>(s.data(), 64), counts, displs, std::span(d.data(), 64), counts, displs, caller.get());
+        try {
+          eng.synchronize();
+        } catch (const error& e) {
+          async[static_cast<std::size_t>(r)] = e.what();
+        }
+        CHECK(!eng.async_error().empty());
+        boot.allgather({}, {});
+        if (r == 1) { // let the stream go: it must then pass the call (released despite the error)
+          gpu::stream other;
+          gpu::memcpy_async(gate.data(), &one, 8, other.get());
+          other.synchronize();
+        }
+        caller.synchronize();
+        try {
+          eng.alltoallv(std::span<const std::byte>(s.data(), 64), counts, displs, std::span(d.data(), 64), counts, displs,
+                        caller.get());
+        } catch (const error& e) {
+          next[static_cast<std::size_t>(r)] = e.what();
+        }
+        boot.allgather({}, {});
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  testing::require_all_ok(errors);
+  CHECK(async[1].find("did not reach stream-ordered call 1") != std::string::npos);
+  CHECK(async[0].find("rank 1 did not say it is ready") != std::string::npos);
+  for (rank_t r = 0; r < n; ++r) {
+    CAPTURE(next[static_cast<std::size_t>(r)]);
+    CHECK(next[static_cast<std::size_t>(r)].find("an earlier stream-ordered all-to-allv failed") != std::string::npos);
+  }
+}
+
+TEST_CASE("gpu_ipc.engine: a receive buffer freed right after its call (no barrier) is never opened by a peer that sends it nothing") {
+  // Rank 0 receives nothing from its peers and frees its buffers as soon as its call returns;
+  // peers that were slower must not try to open its handle (it would not open any more).
+  using namespace fasta2a;
+  standin_settings st(200, 9, false);
+  const int S = 2, G = 2;
+  const rank_t n = S * G;
+  host_fabric fabric(n, std::chrono::seconds(20));
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        gpu_memory mem;
+        ipc up(boot, mem.shared_stream(), gpu_ipc_options{.node_ranks = G});
+        ipc out(boot, mem.shared_stream());
+        engine<two_tier_topology, host_bootstrap, ipc, ipc, direct_decomposer, gpu_memory> eng(two_tier_topology(S, G), boot, up, out,
+                                                                                              {}, {}, mem);
+        for (int it = 0; it < 25; ++it) {
+          traffic_matrix t(n, n);
+          t.setZero();
+          for (rank_t i = 1; i < n; ++i)
+            for (rank_t j = 1; j < n; ++j) t(i, j) = 100 + static_cast<bytes_t>(it * 7 + i + j);
+          t(0, 0) = 64;
+          const testing::engine_layout l = testing::engine_layout_of(t, r, 1, 1);
+          gpu::device_buffer s(l.send_elems + 1), d(l.recv_elems + 1);
+          eng.alltoallv(std::span<const std::byte>(s.data(), l.send_elems), l.send_counts, l.send_displs, std::span(d.data(), l.recv_elems),
+                        l.recv_counts, l.recv_displs);
+          eng.forget_buffer(s.data());
+          eng.forget_buffer(d.data()); // then freed at once: no barrier
+        }
+        boot.allgather({}, {});
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  testing::require_all_ok(errors);
 }
 
 TEST_CASE("gpu_ipc.register: host memory without the stand-in's in-process handles is refused, naming why") {

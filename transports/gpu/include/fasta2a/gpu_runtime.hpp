@@ -144,6 +144,29 @@ inline void free_device(void* p) noexcept {
 #endif
 }
 
+/// n bytes of pinned (page-locked) host memory, for bounce buffers: cudaHostAlloc / hipHostMalloc
+/// (the stand-in: plain host memory).
+inline void* malloc_host(std::size_t n) {
+  void* p = nullptr;
+#if defined(FASTA2A_GPU_STANDIN)
+  check(rt::malloc_host(&p, n), "host allocation");
+#elif defined(__HIP_PLATFORM_AMD__)
+  check(hipHostMalloc(&p, n, hipHostMallocDefault), "hipHostMalloc");
+#else
+  check(cudaHostAlloc(&p, n, cudaHostAllocDefault), "cudaHostAlloc");
+#endif
+  return p;
+}
+inline void free_host(void* p) noexcept {
+#if defined(FASTA2A_GPU_STANDIN)
+  (void)rt::free_host(p);
+#elif defined(__HIP_PLATFORM_AMD__)
+  (void)hipHostFree(p);
+#else
+  (void)cudaFreeHost(p);
+#endif
+}
+
 /// Copies n bytes (device or host, either way) in stream order.
 inline void memcpy_async(void* dst, const void* src, std::size_t n, stream_t s) {
 #if defined(FASTA2A_GPU_STANDIN)
@@ -408,6 +431,31 @@ public:
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() { gpu::free_device(p_); }
+  std::byte* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+private:
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// An owned block of pinned host memory (move-only).
+class pinned_buffer {
+public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(std::size_t n) : p_(n ? static_cast<std::byte*>(gpu::malloc_host(n)) : nullptr), n_(n) {}
+  pinned_buffer(pinned_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+    if (this != &o) {
+      gpu::free_host(p_);
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { gpu::free_host(p_); }
   std::byte* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
 
