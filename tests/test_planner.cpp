@@ -31,8 +31,23 @@ bool have_megatron() {
   return false;
 }
 
-// A random matrix of one of the shapes the tests sweep, with the corner cases mixed in.
+traffic_matrix granule_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granule);
+
+// A random matrix of one of the shapes the tests sweep, with the corner cases mixed in. With a
+// granule above 1, half of them get partial granules too (entries that are not multiples of it):
+// the planner's last-granule rounding is only exercised by those (issue 12).
 traffic_matrix random_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granule) {
+  traffic_matrix m = granule_case(rng, n, G, granule);
+  if (granule > 1 && rng() % 2 == 0)
+    for (rank_t e = 0; e < n; ++e) {
+      bytes_t& x = m(static_cast<rank_t>(rng() % n), static_cast<rank_t>(rng() % n));
+      if (x < (bytes_t{1} << 62)) x += 1 + rng() % (granule - 1);
+    }
+  return m;
+}
+
+// As random_case, every entry a multiple of the granule.
+traffic_matrix granule_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granule) {
   const int kind = static_cast<int>(rng() % 9);
   const std::uint64_t seed = rng();
   const bytes_t per_rank = (rng() % 4096 + 1) * granule;
@@ -193,6 +208,43 @@ TEST_CASE("planner.verify.10000_random_matrices_1x1_to_16x8") {
       check_plan(make_plan<direct_decomposer>(topo, t), t, false);
     }
   }
+}
+
+TEST_CASE("planner.rail_matrix_matches_granules_dealt_by_hand") {
+  // Phase 1 deals a server pair's V bytes to its G rails granule by granule (the last granule
+  // partial): derived independently of rail_capacities, the busiest rail carries
+  //   ceil(k / G) granules if the k = V / granule whole granules do not divide evenly over G rails
+  //   (the partial one then lands on a rail with one granule fewer), else k / G granules plus the
+  //   partial granule V % granule.
+  // A rounding of the partial granule up to a whole one (issue 12's surviving mutant) breaks it.
+  const auto busiest_rail = [](bytes_t v, bytes_t G, bytes_t granule) {
+    const bytes_t k = v / granule, part = v % granule;
+    return k % G != 0 ? (k / G + 1) * granule : k / G * granule + part;
+  };
+  std::mt19937_64 rng(1212);
+  int partial = 0;
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 5), G = 1 + static_cast<int>(rng() % 8);
+    const bytes_t granule = 2 + rng() % 100;
+    const traffic_matrix t = random_case(rng, S * G, G, granule);
+    CAPTURE(iter);
+    planner<two_tier_topology> pl(two_tier_topology(S, G), {.granule = granule});
+    const plan p = pl.make(t);
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d) continue;
+        const bytes_t v = t.block(s * G, d * G, G, G).sum();
+        const bytes_t want = busiest_rail(v, static_cast<bytes_t>(G), granule);
+        partial += v % granule != 0 && (v / granule) % static_cast<bytes_t>(G) == 0;
+        CHECK(pl.rail_matrix()(s, d) == want);
+        CHECK(per_rail_bytes(v, G, granule) == want);
+      }
+  }
+  CHECK(partial > 100); // the cases that tell a partial granule from a whole one were there
+  // By hand: 10 bytes over 4 rails of granule 3: granules 3, 3, 3 and a partial 1: busiest 3.
+  CHECK(per_rail_bytes(10, 4, 3) == 3);
+  // 13 bytes over 2 rails of granule 3: 4 whole granules (2 per rail) and 1 byte: busiest 7.
+  CHECK(per_rail_bytes(13, 2, 3) == 7);
 }
 
 TEST_CASE("planner.deterministic_and_reusable") {
