@@ -167,7 +167,8 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
   const auto num = [](auto v) { return std::to_string(v); };
   return {{"--servers", num(o.servers)},
           {"--gpus", num(o.gpus)},
-          {"--scaleup", strf("%a %a %a", o.links.scaleup_bandwidth, o.links.scaleout_bandwidth, o.alpha_s)},
+          {"--scaleup", strf("%d %a %a", static_cast<int>(o.links.kind), o.links.scaleup_bandwidth,
+                            o.links.scaleout_bandwidth)},
           {"--decomposer", o.decomposer},
           {"--adaptive", num(o.adaptive)},
           {"--granule", num(o.granule)},
@@ -220,9 +221,9 @@ void agree_on_options(guarded_world& world, const options& o) {
   if (ranks.empty()) return;
   for (std::size_t f = 0; f < k; ++f)
     if (differs[f]) which += (which.empty() ? "" : ", ") + std::string(fields[f].first);
-  throw fa::error("every rank must be given the same options: " +
-                  std::string(ranks.find(',') == std::string::npos ? "rank " : "ranks ") + ranks +
-                  " differ from rank 0 in " + which);
+  const bool one = ranks.find(',') == std::string::npos;
+  throw fa::error("every rank must be given the same options: " + std::string(one ? "rank " : "ranks ") + ranks +
+                  (one ? " differs" : " differ") + " from rank 0 in " + which);
 }
 
 double slowest_rank(guarded_world& world, double seconds) {
