@@ -98,7 +98,8 @@ public:
       MPI_Isend(&token, 1, MPI_INT, 0, tag, comm_, &req[0]);
       int release = 0;
       MPI_Irecv(&release, 1, MPI_INT, 0, tag, comm_, &req[1]);
-      if (!wait_all(req)) {
+      // Two seconds longer than rank 0, which names the missing ranks: its error is the one printed.
+      if (!wait_all(req, std::chrono::milliseconds(2000))) {
         failed_ = true;
         throw fa::error("rank 0 did not release " + what + " within " + std::to_string(timeout_.count()) +
                         " ms: a rank did not arrive (rank 0's error names it) or rank 0 itself stopped");
@@ -134,10 +135,10 @@ public:
 private:
   // Polls the requests until all complete (true) or the deadline passes (false; the finished ones
   // are then MPI_REQUEST_NULL). Sleeps up to 10 ms between polls: no core spins while it waits.
-  bool wait_all(std::vector<MPI_Request>& req) {
+  bool wait_all(std::vector<MPI_Request>& req, std::chrono::milliseconds extra = std::chrono::milliseconds(0)) {
     static const fa::wait_policy polling{.spin = 16, .yields = 16, .min_sleep = std::chrono::microseconds(20),
                                          .max_sleep = std::chrono::microseconds(10000)};
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_ + extra;
     fa::detail::backoff b(polling);
     while (true) {
       int done = 0;
@@ -261,7 +262,9 @@ mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& to
     world.barrier("the barrier before call " + std::to_string(c));
     const auto start = clock::now();
     eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-    const double s = slowest_rank(world, std::chrono::duration<double>(clock::now() - start).count());
+    const double mine = std::chrono::duration<double>(clock::now() - start).count();
+    world.barrier("the end of call " + std::to_string(c)); // outside the timed region; names a missing rank
+    const double s = slowest_rank(world, mine);
     if (c > 0) calls.emplace_back(s, eng.last_stats());
     if (dump && c == 0 && me == o.dump_program) eng.last_program().print(std::cout);
     check_delivery(l, recv, me, c);
