@@ -236,6 +236,38 @@ TEST_CASE("quantized.weights_are_multiples_of_q_and_padding_is_bounded") {
   }
 }
 
+TEST_CASE("quantized.choose_quantum_is_the_best_of_its_ladder_by_brute_force") {
+  // Every candidate of the documented ladder (1 and L / 2^k for k = 2..10, rounded down to a power
+  // of two) decomposed and priced here, L_q / b + alpha x stages: the chosen quantum costs the
+  // least of them (issue 12: the test compared choose_quantum with itself). S <= 8, where stages
+  // are counted exactly.
+  std::mt19937_64 rng(777);
+  stage_list out;
+  int coarse = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 7);
+    const server_matrix m = random_server_matrix(rng, S);
+    const bytes_t L = max_line_sum(m);
+    if (L == 0) continue;
+    CAPTURE(iter);
+    for (const double alpha : {5e-6, 20e-6, 1e-3}) {
+      const double b = 50e9;
+      const auto cost = [&](bytes_t q) {
+        quantized_decomposer(q).decompose(m, out);
+        return static_cast<double>(quantized_decomposer::padded_line_sum(m, q)) / b +
+               alpha * static_cast<double>(out.size());
+      };
+      double best = cost(1);
+      for (int k = 2; k <= 10; ++k)
+        if ((L >> k) >= 1) best = std::min(best, cost(std::bit_floor(L >> k)));
+      const bytes_t q = quantized_decomposer::choose_quantum(m, {alpha, b});
+      CHECK(cost(q) <= best * (1 + 1e-12));
+      coarse += q > 1;
+    }
+  }
+  CHECK(coarse > 50); // the ladder's coarse end was chosen often enough to be tested
+}
+
 TEST_CASE("quantized.choose_quantum_balances_padding_against_stages") {
   std::mt19937_64 rng(99);
   bottleneck_decomposer exact;

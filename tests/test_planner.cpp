@@ -392,6 +392,14 @@ TEST_CASE("planner.bad_input_is_refused_with_a_clear_error") {
   CHECK_THROWS_AS(make_plan(h200_cluster(8), t, {.max_plan_bytes = 4096}), plan_too_large);
   CHECK_THROWS_WITH_AS(make_plan(h200_cluster(8), t, {.max_plan_bytes = 100000}),
                        doctest::Contains("size limit"), plan_too_large);
+  // The planner's own S^2 x G scratch counts too, and is refused before it is allocated (issue 12,
+  // defect 6): 64 x 1 needs about 297 KB of scratch and index for an all-zero matrix, whose plan is
+  // only its 32 KB message index.
+  const long double scratch = planner_scratch_bytes<birkhoff_decomposer>(64, 1, true);
+  CHECK(scratch == 4096.0L * (32 + 8) + 4096.0L * 24 + 64.0L * 40 + 4096.0L * 8);
+  CHECK_THROWS_WITH_AS(make_plan(two_tier_topology(64, 1), traffic_matrix::Zero(64, 64), {.max_plan_bytes = 200000}),
+                       doctest::Contains("scratch"), plan_too_large);
+  CHECK_NOTHROW(make_plan(two_tier_topology(64, 1), traffic_matrix::Zero(64, 64), {.max_plan_bytes = 300000}));
 }
 
 namespace {
