@@ -16,6 +16,14 @@ literal method; slow; a mutant that does not compile is INVALID). --check verifi
 Too slow for CI; run it before resolving a robustness issue and whenever the suite changes much.
 Results go to stdout and DIR/results.jsonl.
 
+Known equivalent mutants (they cannot be killed; keep them as a check on this list's reasoning):
+- verify-lower-bound-off-by-one: verify's "below the lower bound" check cannot fire once the rail
+  loads passed theirs (the busiest server spreads its inter-server bytes over G rails, so one rail
+  carries at least ceil(bytes / G) = the bound, and each of its stage loads is within the stage's
+  weight), so weakening it changes no verdict.
+Survivors of the first run (issue 12) and the tests that now kill them: planner-padding-stage-kept
+and birkhoff-lightest-first (planner.stages_hold_no_idle_pairs_and_birkhoff_is_heaviest_first).
+
 Not covered this session: include/fasta2a/engine.hpp (rewritten by issue 12's engine work; add
 its mutations once that lands: the engine and host-transport tests caught every engine mutation
 in the issue's first run).
