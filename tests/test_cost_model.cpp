@@ -58,6 +58,18 @@ TEST_CASE("cost_model.predictions_match_hand_computed_figures") {
   traffic_matrix self = traffic_matrix::Zero(2, 2);
   self(0, 0) = 1000;
   CHECK(predict(topo, make_plan<direct_decomposer>(topo, self), {.alpha = 10e-6}).scaleout_s == 0.0);
+  // Scale-up only: 1 server x 2 GPUs, 450 MB from GPU 0 to GPU 1 over 450 GB/s ports: 1 ms of
+  // scale-up, no scale-out. The overall bound and direct's total are the larger phase, 1 ms.
+  const two_tier_topology one(1, 2);
+  REQUIRE(one.scaleup_bandwidth() == 450e9);
+  traffic_matrix up = traffic_matrix::Zero(2, 2);
+  up(0, 1) = 450'000'000;
+  CHECK(lower_bound(one, up).scaleout_s == 0.0);
+  CHECK(lower_bound(one, up).scaleup_s == doctest::Approx(1e-3).epsilon(1e-9));
+  CHECK(lower_bound(one, up).overall_s() == doctest::Approx(1e-3).epsilon(1e-9));
+  const prediction du = predict(one, make_plan<direct_decomposer>(one, up), {.alpha = 10e-6});
+  CHECK(du.scaleout_s == 0.0);
+  CHECK(du.total_s == doctest::Approx(1e-3).epsilon(1e-9));
 }
 
 TEST_CASE("cost_model.predict_reads_the_topology_scaleout_model") {
