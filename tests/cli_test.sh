@@ -286,10 +286,10 @@ robust)
   if [ "$rc" -ne 2 ] || ! grep -qa "'1 1\\\\x002' is not a non-negative decimal integer\|'1\\\\x002' is not a non-negative decimal integer" "$work/err"; then
     fail "NUL byte: exit $rc, stderr: $(cat -v "$work/err")"
   fi
-  if grep -qa $'\x00' "$work/err"; then fail "NUL byte: the message holds a raw NUL"; fi
+  if [ "$(tr -dc '\000' <"$work/err" | wc -c)" -ne 0 ]; then fail "NUL byte: the message holds a raw NUL"; fi
   # One 2^64-1-byte message: refused before allocating, naming the rank and the message.
   printf '0 18446744073709551615 0 0\n0 0 0 0\n0 0 0 0\n0 0 0 0\n' >"$work/big.txt"
-  run timeout 20 "$bin" run --servers 2 --gpus 2 --matrix "$work/big.txt" --iters 1
+  run run --servers 2 --gpus 2 --matrix "$work/big.txt" --iters 1
   if [ "$rc" -ne 2 ] || ! grep -q "fasta2a: error: rank 0 would send 18446744073709551615 bytes (its largest message: 18446744073709551615 bytes to rank 1)" "$work/err" || [ -s "$work/out" ]; then
     fail "2^64-1-byte message: exit $rc, stdout $(head -c 100 "$work/out"), stderr: $(cat "$work/err")"
   fi
