@@ -7,6 +7,8 @@
 #   trace      the Megatron trace plans; --json, --report and --svg files exist and parse
 #   generator  every generator, both topology kinds and every decomposer plan; report figures agree
 #   errors     every kind of bad input exits 2 with "fasta2a: error: " and a word naming the problem
+#   robust     issue 12's reproductions (defects 6, 7, 8): each ends with exit 2 naming the real
+#              problem, quickly and within bounded memory; needs no trace
 # Exit 0 on success, 77 (ctest's SKIP_RETURN_CODE) when an input the mode needs is missing.
 set -u
 
@@ -261,8 +263,60 @@ print('\\n'.join(' '.join(map(str, r)) for r in m))" >"$work/scaleup-overflow.tx
   expect_error 'cannot open' "${ok[@]}" --uniform --svg "$work/no-such-dir/t.svg"
   ;;
 
+robust)
+  # Issue 12, defect 8: each of these named the wrong problem (or read gigabytes first).
+  ok=(plan --servers 2 --gpus 2)
+  printf '1 1 1 1\n1 1 1 1\n1 1 1 1\n1 1 1 1\n' >"$work/ones4.txt"
+  expect_ok "${ok[@]}" --matrix "$work/ones4.txt"
+  # A directory is not "out of memory".
+  mkdir "$work/adir"
+  expect_error 'is a directory' "${ok[@]}" --matrix "$work/adir"
+  # A 2 GB sparse file (NUL bytes) is refused at its first byte, not read whole: 20 s and 200 MB
+  # of address space are far less than reading it takes.
+  truncate -s 2G "$work/sparse.txt"
+  ( ulimit -v 200000; exec timeout 20 "$bin" "${ok[@]}" --matrix "$work/sparse.txt" ) >"$work/out" 2>"$work/err"
+  rc=$?
+  if [ "$rc" -ne 2 ] || ! grep -q "fasta2a: error: .*'\\\\x00.*' is not a non-negative decimal integer" "$work/err"; then
+    fail "2 GB sparse file: exit $rc (want 2 within 20 s), stderr: $(head -c 300 "$work/err")"
+  fi
+  rm -f "$work/sparse.txt"
+  # A NUL byte inside a token is shown escaped; the message goes on past it.
+  printf '1 1 1 1\n1 1 1 1\n1 1\0002 1 1\n1 1 1 1\n' >"$work/nul.txt"
+  run "${ok[@]}" --matrix "$work/nul.txt"
+  if [ "$rc" -ne 2 ] || ! grep -qa "'1 1\\\\x002' is not a non-negative decimal integer\|'1\\\\x002' is not a non-negative decimal integer" "$work/err"; then
+    fail "NUL byte: exit $rc, stderr: $(cat -v "$work/err")"
+  fi
+  if [ "$(tr -dc '\000' <"$work/err" | wc -c)" -ne 0 ]; then fail "NUL byte: the message holds a raw NUL"; fi
+  # One 2^64-1-byte message: refused before allocating, naming the rank and the message.
+  printf '0 18446744073709551615 0 0\n0 0 0 0\n0 0 0 0\n0 0 0 0\n' >"$work/big.txt"
+  run run --servers 2 --gpus 2 --matrix "$work/big.txt" --iters 1
+  if [ "$rc" -ne 2 ] || ! grep -q "fasta2a: error: rank 0 would send 18446744073709551615 bytes (its largest message: 18446744073709551615 bytes to rank 1)" "$work/err" || [ -s "$work/out" ]; then
+    fail "2^64-1-byte message: exit $rc, stdout $(head -c 100 "$work/out"), stderr: $(cat "$work/err")"
+  fi
+  expect_error 'rank 0 would send 18446744073709551615 bytes' run --servers 2 --gpus 2 --uniform \
+    --bytes-per-rank 18446744073709551615 --iters 1
+  expect_error 'overflows 64 bits' plan --servers 2 --gpus 2 --uniform --bytes-per-rank 18446744073709551615
+  # Defect 6: the planner's S^2 x G scratch is counted against --max-plan-bytes before it is made.
+  ( ulimit -v 800000; exec timeout 60 "$bin" plan --servers 4096 --gpus 1 --uniform --bytes-per-rank 0 \
+      --max-plan-bytes 256M ) >"$work/out" 2>"$work/err"
+  rc=$?
+  if [ "$rc" -ne 2 ] || ! grep -q "fasta2a: error: 4096 servers x 1 GPUs need about [0-9]* bytes to plan .* limit of 268435456 bytes" "$work/err"; then
+    fail "4096 x 1 with --max-plan-bytes 256M: exit $rc, stderr: $(cat "$work/err")"
+  fi
+  # Under the limit it plans; a planner limit below its own scratch is refused by the library too.
+  expect_ok plan --servers 64 --gpus 1 --uniform --bytes-per-rank 64K --max-plan-bytes 16M
+  expect_error 'scratch' plan --servers 16 --gpus 8 --uniform --bytes-per-rank 64K --max-plan-bytes 200K
+  # Defect 7: `run` refuses what cannot fit in this process (the engine state of 4096 ranks).
+  ( ulimit -v 4000000; exec timeout 60 "$bin" run --servers 512 --gpus 8 --uniform --bytes-per-rank 1K --iters 1 ) \
+      >"$work/out" 2>"$work/err"
+  rc=$?
+  if [ "$rc" -ne 2 ] || ! grep -q "fasta2a: error: 4096 ranks need about [0-9]* bytes here .* grows as ranks^2" "$work/err"; then
+    fail "run 512 x 8: exit $rc, stderr: $(cat "$work/err")"
+  fi
+  ;;
+
 *)
-  echo "unknown mode '$mode' (trace, generator or errors)" >&2
+  echo "unknown mode '$mode' (trace, generator, errors or robust)" >&2
   exit 2
   ;;
 esac

@@ -34,6 +34,44 @@ TEST_CASE("cost_model.bounds_and_predictions_are_consistent") {
   }
 }
 
+TEST_CASE("cost_model.predictions_match_hand_computed_figures") {
+  // Values worked out by hand, not by the model's own functions (issue 12: tests that compared two
+  // predictions of one model let alpha vanish from direct sending unnoticed).
+  // 2 servers x 1 GPU, 50 GB/s NICs, alpha 10 us: rank 0 sends 50 MB to rank 1, rank 1 sends 20 MB to 0.
+  traffic_matrix t = traffic_matrix::Zero(2, 2);
+  t(0, 1) = 50'000'000;
+  t(1, 0) = 20'000'000;
+  const two_tier_topology topo(2, 1);
+  REQUIRE(topo.scaleout_bandwidth() == 50e9);
+  // Direct: the busiest NIC moves 50 MB (1 ms) after one synchronisation: 1.010 ms.
+  const prediction d = predict(topo, make_plan<direct_decomposer>(topo, t), {.alpha = 10e-6});
+  CHECK(d.scaleout_s == doctest::Approx(1.010e-3).epsilon(1e-9));
+  CHECK(d.total_s == doctest::Approx(1.010e-3).epsilon(1e-9));
+  // FAST: the pair swaps in one stage of 50 MB per rail (both directions at once): 1.010 ms too;
+  // with alpha 0 exactly the lower bound, 1 ms.
+  const prediction f = predict(topo, make_plan(topo, t), {.alpha = 10e-6});
+  CHECK(f.stages == 1);
+  CHECK(f.scaleout_s == doctest::Approx(1.010e-3).epsilon(1e-9));
+  CHECK(predict(topo, make_plan(topo, t), {.alpha = 0}).scaleout_s == doctest::Approx(1e-3).epsilon(1e-9));
+  CHECK(lower_bound(topo, t).scaleout_s == doctest::Approx(1e-3).epsilon(1e-9));
+  // No byte crosses servers: direct costs nothing at all, not one alpha.
+  traffic_matrix self = traffic_matrix::Zero(2, 2);
+  self(0, 0) = 1000;
+  CHECK(predict(topo, make_plan<direct_decomposer>(topo, self), {.alpha = 10e-6}).scaleout_s == 0.0);
+  // Scale-up only: 1 server x 2 GPUs, 450 MB from GPU 0 to GPU 1 over 450 GB/s ports: 1 ms of
+  // scale-up, no scale-out. The overall bound and direct's total are the larger phase, 1 ms.
+  const two_tier_topology one(1, 2);
+  REQUIRE(one.scaleup_bandwidth() == 450e9);
+  traffic_matrix up = traffic_matrix::Zero(2, 2);
+  up(0, 1) = 450'000'000;
+  CHECK(lower_bound(one, up).scaleout_s == 0.0);
+  CHECK(lower_bound(one, up).scaleup_s == doctest::Approx(1e-3).epsilon(1e-9));
+  CHECK(lower_bound(one, up).overall_s() == doctest::Approx(1e-3).epsilon(1e-9));
+  const prediction du = predict(one, make_plan<direct_decomposer>(one, up), {.alpha = 10e-6});
+  CHECK(du.scaleout_s == 0.0);
+  CHECK(du.total_s == doctest::Approx(1e-3).epsilon(1e-9));
+}
+
 TEST_CASE("cost_model.predict_reads_the_topology_scaleout_model") {
   std::mt19937_64 rng(23);
   for (int iter = 0; iter < 40; ++iter) {

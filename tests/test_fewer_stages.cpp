@@ -236,6 +236,38 @@ TEST_CASE("quantized.weights_are_multiples_of_q_and_padding_is_bounded") {
   }
 }
 
+TEST_CASE("quantized.choose_quantum_is_the_best_of_its_ladder_by_brute_force") {
+  // Every candidate of the documented ladder (1 and L / 2^k for k = 2..10, rounded down to a power
+  // of two) decomposed and priced here, L_q / b + alpha x stages: the chosen quantum costs the
+  // least of them (issue 12: the test compared choose_quantum with itself). S <= 8, where stages
+  // are counted exactly.
+  std::mt19937_64 rng(777);
+  stage_list out;
+  int coarse = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 7);
+    const server_matrix m = random_server_matrix(rng, S);
+    const bytes_t L = max_line_sum(m);
+    if (L == 0) continue;
+    CAPTURE(iter);
+    for (const double alpha : {5e-6, 20e-6, 1e-3}) {
+      const double b = 50e9;
+      const auto cost = [&](bytes_t q) {
+        quantized_decomposer(q).decompose(m, out);
+        return static_cast<double>(quantized_decomposer::padded_line_sum(m, q)) / b +
+               alpha * static_cast<double>(out.size());
+      };
+      double best = cost(1);
+      for (int k = 2; k <= 10; ++k)
+        if ((L >> k) >= 1) best = std::min(best, cost(std::bit_floor(L >> k)));
+      const bytes_t q = quantized_decomposer::choose_quantum(m, {alpha, b});
+      CHECK(cost(q) <= best * (1 + 1e-12));
+      coarse += q > 1;
+    }
+  }
+  CHECK(coarse > 50); // the ladder's coarse end was chosen often enough to be tested
+}
+
 TEST_CASE("quantized.choose_quantum_balances_padding_against_stages") {
   std::mt19937_64 rng(99);
   bottleneck_decomposer exact;
@@ -564,6 +596,36 @@ TEST_CASE("cost_model.fewer_stages_pay_off_as_alpha_grows") {
       if (alpha == 0) CHECK(pq.total_weight() == pk.total_weight());
     }
   }
+}
+
+TEST_CASE("quantized.formula_quantum_matches_hand_computed_values") {
+  // q = sqrt(alpha b_out L / (S - 1)) rounded down to a power of two, worked out by hand in the
+  // default model (10 us, 50 GB/s: alpha b_out = 5e5 bytes) for matrices whose every off-diagonal
+  // entry is e (L = (S - 1) e), not by calling another function of the library (issue 12: the test
+  // compared formula_quantum with itself, and dividing by S instead of S - 1 survived).
+  struct hand {
+    int S;
+    bytes_t e, q;
+  };
+  // S 2, e 2.66e6: sqrt(5e5 x 2.66e6) = 1153256 -> 2^20 (by S instead of S - 1: 815475 -> 2^19).
+  // S 9, e 2.33e6: sqrt(5e5 x 18.64e6 / 8) = 1079352 -> 2^20 (by S: sqrt(5e5 x 18.64e6 / 9) =
+  // 1017623 -> 2^19).
+  // S 3, e 1000: sqrt(5e5 x 2000 / 2) = 22361 -> 2^14. S 4, e 7: sqrt(5e5 x 21 / 3) = 1871 -> 2^10.
+  for (const hand h : {hand{2, 2'660'000, 1 << 20}, hand{9, 2'330'000, 1 << 20}, hand{3, 1000, 1 << 14},
+                       hand{4, 7, 1 << 10}}) {
+    CAPTURE(h.S);
+    server_matrix m = server_matrix::Constant(h.S, h.S, h.e);
+    m.diagonal().setZero();
+    CHECK(quantized_decomposer::formula_quantum(m, scaleout_model{}) == h.q);
+  }
+  // S 2, e 1: sqrt(5e5) = 707 -> 512; alpha 1 us: sqrt(5e4) = 224 -> 128; alpha 1 ns: sqrt(50) =
+  // 7.07 -> 4; alpha 10 ps: sqrt(0.5) < 2 -> 1.
+  server_matrix two = server_matrix::Zero(2, 2);
+  two(0, 1) = two(1, 0) = 1;
+  CHECK(quantized_decomposer::formula_quantum(two, scaleout_model{}) == 512);
+  CHECK(quantized_decomposer::formula_quantum(two, {1e-6, 50e9}) == 128);
+  CHECK(quantized_decomposer::formula_quantum(two, {1e-9, 50e9}) == 4);
+  CHECK(quantized_decomposer::formula_quantum(two, {1e-11, 50e9}) == 1);
 }
 
 TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {

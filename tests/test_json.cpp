@@ -666,8 +666,34 @@ TEST_CASE("json.read.field_errors") {
   CHECK(contains(read_error(replaced(base_doc, "\"dst\": 3, \"offset\": 4", "\"dst\": 4, \"offset\": 4")),
                  "piece 2: field \"dst\" is 4, the plan has 4 ranks"));
   CHECK(contains(read_error(replaced(base_doc, "\"bytes\": 7", "\"bytes\": 0")), "piece 4: field \"bytes\" is 0"));
+  // A hop to or from rank N (one past the last) is refused by the field check itself, naming the
+  // field, not later by the route check (issue 12: `>` in place of `>=` passed unnoticed).
+  CHECK(contains(read_error(replaced(base_doc, "{\"kind\": \"intra\", \"from\": 2, \"to\": 3,",
+                                     "{\"kind\": \"intra\", \"from\": 2, \"to\": 4,")),
+                 "piece 4, hop 0: field \"to\" is 4, the plan has 4 ranks"));
+  CHECK(contains(read_error(replaced(base_doc, "{\"kind\": \"intra\", \"from\": 2, \"to\": 3,",
+                                     "{\"kind\": \"intra\", \"from\": 4, \"to\": 3,")),
+                 "piece 4, hop 0: field \"from\" is 4, the plan has 4 ranks"));
+  CHECK(contains(read_error(replaced(base_doc, "\"src\": 2, \"dst\": 3", "\"src\": 4, \"dst\": 3")),
+                 "piece 4: field \"src\" is 4, the plan has 4 ranks"));
   CHECK(contains(read_error(replaced(base_doc, "\"hops\": [{\"kind\": \"intra\", \"from\": 2, \"to\": 3, \"stage\": 0}]", "\"hops\": []")),
                  "piece 4: field \"hops\" is empty"));
+}
+
+TEST_CASE("json.read.huge_declared_cluster_is_refused_before_allocating") {
+  // 89 bytes declaring 16000 x 1 servers: its message index and staging layout would take about
+  // 8 GB; the reader names its estimate and the limit instead of allocating them (issue 12, 6).
+  const std::string doc =
+      R"({"format": "fasta2a.plan.v1", "servers": 16000, "gpus_per_server": 1, "stages": [], "pieces": []})";
+  const std::string msg = read_error(doc);
+  CHECK(contains(msg, "16000 ranks"));
+  CHECK(contains(msg, "would take about 8192"));
+  CHECK(contains(msg, "past the limit of 2147483648"));
+  // Under a limit that holds it, the same shape is read (a smaller one, to keep the test quick).
+  const std::string small =
+      R"({"format": "fasta2a.plan.v1", "servers": 64, "gpus_per_server": 1, "stages": [], "pieces": []})";
+  CHECK(read_error(small) == "");
+  CHECK(contains(read_error(small, {.max_plan_bytes = 64 * 64 * 8}), "past the limit of 32768"));
 }
 
 TEST_CASE("json.read.stage_errors") {

@@ -98,6 +98,7 @@ TEST_CASE("scaleout_model.formulas") {
   // Direct sending pays one synchronisation, and nothing at all when no byte crosses.
   CHECK(net.direct_time(0) == 0.0);
   CHECK(net.direct_time(25'000'000) == net.stage_time(25'000'000));
+  CHECK(net.direct_time(25'000'000) == doctest::Approx(1e-3 + 5e-6)); // by hand: 25 MB at 25 GB/s, plus alpha
   // The phase of a staged plan: stage_time summed in order, bit for bit.
   const std::vector<bytes_t> weights{4096, 1 << 20, 12345, 0, 7};
   double sum = 0;

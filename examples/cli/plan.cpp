@@ -84,13 +84,21 @@ fast_planner<Topo> make_fast_planner(const options& o, const Topo& topo) {
 /// compile-time-sized one. Every plan is verified before any of its figures is printed.
 template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
   const rank_t n = topo.ranks();
-  // A plan indexes every message (two 4-byte words per rank pair), so a topology whose index
-  // alone passes the limit cannot be planned: say so before allocating an n x n matrix for it.
-  const long double index_bytes = 8.0L * n * n;
-  if (index_bytes > static_cast<long double>(o.max_plan_bytes))
-    throw fa::plan_too_large(strf("%d ranks need %.0Lf bytes of plan just to index their messages, more than "
-                                  "the plan size limit of %zu bytes (raise --max-plan-bytes)",
-                                  n, index_bytes, o.max_plan_bytes));
+  // The traffic matrix (8 bytes per rank pair) and the three planners' scratch and message index
+  // (fasta2a::planner_scratch_bytes: FAST, spread-out and direct are all held at once) must fit the
+  // limit: say so before allocating any of it.
+  const int S = topo.servers(), G = topo.gpus_per_server();
+  const long double need =
+      8.0L * n * n +
+      fa::with_decomposer(o.decomposer, decomposer_params_of(fa::scaleout_of(topo)),
+                          [&](auto dec) { return fa::planner_scratch_bytes<decltype(dec)>(S, G, true); }) +
+      fa::planner_scratch_bytes<fa::spread_out_decomposer>(S, G, true) +
+      fa::planner_scratch_bytes<fa::direct_decomposer>(S, G, true);
+  if (need > static_cast<long double>(o.max_plan_bytes))
+    throw fa::plan_too_large(strf("%d servers x %d GPUs need about %.0Lf bytes to plan (the traffic matrix, and the "
+                                  "S^2 x G scratch and ranks^2 message index of the FAST, spread-out and direct "
+                                  "planners), more than the plan size limit of %zu bytes (raise --max-plan-bytes)",
+                                  S, G, need, o.max_plan_bytes));
 
   const fa::plan_options popt{o.granule, o.max_plan_bytes};
   fast_planner<Topo> fast = make_fast_planner(o, topo);

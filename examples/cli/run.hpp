@@ -10,7 +10,13 @@
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/pattern.hpp>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -22,6 +28,66 @@ inline fa::engine_options engine_options_of(const options& o) {
   e.planning = planning_options(o);
   e.rail_window = o.rail_window;
   return e;
+}
+
+/// The memory this process may use: the machine's physical memory, or less where the address space
+/// is limited (ulimit -v).
+inline long double memory_limit_bytes() {
+  long double limit = std::numeric_limits<std::ptrdiff_t>::max(); // what a vector can address
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) limit = std::min(limit, static_cast<long double>(pages) * page);
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    limit = std::min(limit, static_cast<long double>(as.rlim_cur));
+  return limit;
+}
+
+/// What one rank's engine keeps between calls at n ranks, measured (issue 12, defect 7): the
+/// gathered counts (about 4 n words, from every rank: 32 n^2 bytes) and the traffic matrix rebuilt
+/// from them (8 n^2 bytes), plus its planner's scratch for a rank view. An estimate for refusing
+/// runs that cannot fit, stated here so that the check changes with the engine.
+template <class D> long double engine_bytes_per_rank(int servers, int gpus) {
+  const long double n = static_cast<long double>(servers) * gpus;
+  return 40.0L * n * n + fa::planner_scratch_bytes<D>(servers, gpus, false);
+}
+
+/// Refuses, before anything is allocated, a run whose buffers or engine state cannot fit: a rank
+/// whose send or receive bytes pass what a process can address or hold (naming the rank and its
+/// largest message), or `ranks_here` ranks (all of them for the host transport, 1 under MPI) whose
+/// buffers, staging (at most their send bytes again) and engine state pass memory_limit_bytes().
+/// `engine_per_rank` is engine_bytes_per_rank of the decomposer used.
+inline void check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t ranks_here,
+                             long double engine_per_rank, const char* where) {
+  const long double limit = memory_limit_bytes();
+  const rank_t n = static_cast<rank_t>(t.rows());
+  long double all = 0;
+  for (rank_t r = first; r < first + ranks_here; ++r) {
+    long double send = 0, recv = 0;
+    rank_t big_to = 0, big_from = 0;
+    for (rank_t j = 0; j < n; ++j) {
+      send += static_cast<long double>(t(r, j));
+      recv += static_cast<long double>(t(j, r));
+      if (t(r, j) > t(r, big_to)) big_to = j;
+      if (t(j, r) > t(big_from, r)) big_from = j;
+    }
+    const long double need = 2 * send + recv; // send buffer, staging (at most the sends), receive buffer
+    if (need > limit) {
+      const bool sends = send >= recv;
+      throw fa::error(strf("rank %d would %s %.0Lf bytes (its largest message: %llu bytes %s rank %d), and with its "
+                           "%s and staging buffers needs %.0Lf bytes, more than %s can hold (%.0Lf bytes): give "
+                           "smaller messages (--bytes-per-rank, --unit)",
+                           r, sends ? "send" : "receive", sends ? send : recv,
+                           static_cast<unsigned long long>(sends ? t(r, big_to) : t(big_from, r)),
+                           sends ? "to" : "from", sends ? big_to : big_from, sends ? "receive" : "send", need, where,
+                           limit));
+    }
+    all += need + engine_per_rank;
+  }
+  if (all > limit)
+    throw fa::error(strf("%d ranks need about %.0Lf bytes here (buffers and staging, and each rank's engine state of "
+                         "about %.0Lf bytes, which grows as ranks^2), more than %s can hold (%.0Lf bytes): run "
+                         "fewer ranks or smaller messages",
+                         ranks_here, all, engine_per_rank, where, limit));
 }
 
 /// Throws delivery_failure if any byte rank `me` received in call `call` differs from its

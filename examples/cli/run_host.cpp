@@ -142,6 +142,12 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
 template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
   const rank_t n = topo.ranks();
   const workload w = load_workload(o, n);
+  // Every rank's buffers and engine live in this process: refuse what cannot fit before starting.
+  const fa::decomposer_params dp = decomposer_params_of(fa::scaleout_of(topo));
+  const long double engine_bytes = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
+    return engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
+  });
+  for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, 0, n, engine_bytes, "this process");
   const fa::cost_params cp{o.alpha_s};
   std::ofstream report;
   if (!o.report_path.empty()) {
@@ -159,7 +165,6 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
                     "stages", "call", "direct", "direct/", "plan", "execute", "FAST", "direct", "checked")
             << strf("%5s %5s %5s %11s %6s %10s %10s %8s %9s %9s %9s %9s %12s\n", "", "", "", "MiB", "", "ms",
                     "ms", "call", "us", "ms", "ms model", "ms model", "MiB");
-  const fa::decomposer_params dp = decomposer_params_of(fa::scaleout_of(topo));
   bytes_t all_checked = 0;
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];

@@ -41,23 +41,207 @@ struct mpi_figures {
   bytes_t staging_max = 0;  // the largest staging buffer of any rank
 };
 
-double slowest_rank(double seconds) {
-  double m = 0;
-  MPI_Allreduce(&seconds, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
+// --- the CLI's own collectives between calls, each with a deadline (issue 12, defect 3) ---------
+//
+// A rank that stops, dies or was given other options must not leave the others in MPI_Barrier
+// forever, each spinning a core: every barrier and reduction of the CLI is non-blocking, polled
+// under a back-off (spin, yield, then sleep up to 10 ms) until a deadline, and an error naming
+// the operation (and, for barriers, the ranks that did not arrive) when it passes. MPI cannot
+// cancel a started collective: after such an error the program reports and calls MPI_Abort.
+
+/// Barriers and reductions over MPI_COMM_WORLD with a deadline. Barriers are gathers to rank 0 on
+/// a duplicate communicator (rank 0 knows who is missing), then a release from rank 0.
+class guarded_world {
+public:
+  explicit guarded_world(std::chrono::milliseconds timeout) : timeout_(timeout) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &me_);
+    MPI_Comm_size(MPI_COMM_WORLD, &n_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  }
+  guarded_world(const guarded_world&) = delete;
+  guarded_world& operator=(const guarded_world&) = delete;
+  ~guarded_world() {
+    if (!failed_) MPI_Comm_free(&comm_); // after a timeout a request may still use it: MPI_Abort follows
+  }
+
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  /// Every rank reaches `what`, or an error within the timeout: on rank 0 naming the ranks that did
+  /// not arrive, elsewhere saying that rank 0 did not release the barrier.
+  void barrier(const std::string& what) {
+    const int tag = static_cast<int>(++epoch_ % 32768);
+    int token = 0;
+    if (me_ == 0) {
+      std::vector<MPI_Request> arrived(static_cast<std::size_t>(n_ > 1 ? n_ - 1 : 0));
+      std::vector<int> tokens(arrived.size());
+      for (int r = 1; r < n_; ++r) MPI_Irecv(&tokens[r - 1], 1, MPI_INT, r, tag, comm_, &arrived[r - 1]);
+      if (!wait_all(arrived)) {
+        std::string missing;
+        int count = 0;
+        for (int r = 1; r < n_; ++r)
+          if (arrived[r - 1] != MPI_REQUEST_NULL) {
+            missing += (count++ ? ", " : "") + std::to_string(r);
+          }
+        failed_ = true;
+        throw fa::error(std::string(count == 1 ? "rank " : "ranks ") + missing + " did not reach " + what +
+                        " within " + std::to_string(timeout_.count()) +
+                        " ms (stopped, dead, or given other options than rank 0)");
+      }
+      std::vector<MPI_Request> release(arrived.size());
+      for (int r = 1; r < n_; ++r) MPI_Isend(&token, 1, MPI_INT, r, tag, comm_, &release[r - 1]);
+      if (!wait_all(release)) {
+        failed_ = true;
+        throw fa::error("rank 0 could not release " + what + " within " + std::to_string(timeout_.count()) + " ms");
+      }
+    } else {
+      std::vector<MPI_Request> req(2);
+      MPI_Isend(&token, 1, MPI_INT, 0, tag, comm_, &req[0]);
+      int release = 0;
+      MPI_Irecv(&release, 1, MPI_INT, 0, tag, comm_, &req[1]);
+      // Two seconds longer than rank 0, which names the missing ranks: its error is the one printed.
+      if (!wait_all(req, std::chrono::milliseconds(2000))) {
+        failed_ = true;
+        throw fa::error("rank 0 did not release " + what + " within " + std::to_string(timeout_.count()) +
+                        " ms: a rank did not arrive (rank 0's error names it) or rank 0 itself stopped");
+      }
+    }
+  }
+
+  /// MPI_Allreduce of `count` values in place, or an error naming `what` after the timeout.
+  void allreduce(void* values, int count, MPI_Datatype type, MPI_Op op, const std::string& what) {
+    std::vector<MPI_Request> req(1);
+    MPI_Iallreduce(MPI_IN_PLACE, values, count, type, op, comm_, &req[0]);
+    if (!wait_all(req)) {
+      failed_ = true;
+      throw fa::error(what + ": the reduction over " + std::to_string(n_) + " ranks did not complete within " +
+                      std::to_string(timeout_.count()) + " ms (a rank stopped, died or was given other options)");
+    }
+  }
+
+  /// Every rank's `mine` (the same number of words everywhere), in rank order.
+  std::vector<std::uint64_t> allgather(const std::vector<std::uint64_t>& mine, const std::string& what) {
+    std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(n_));
+    std::vector<MPI_Request> req(1);
+    MPI_Iallgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(), static_cast<int>(mine.size()),
+                   MPI_UINT64_T, comm_, &req[0]);
+    if (!wait_all(req)) {
+      failed_ = true;
+      throw fa::error(what + ": the allgather over " + std::to_string(n_) + " ranks did not complete within " +
+                      std::to_string(timeout_.count()) + " ms (a rank stopped, died or was started otherwise)");
+    }
+    return all;
+  }
+
+private:
+  // Polls the requests until all complete (true) or the deadline passes (false; the finished ones
+  // are then MPI_REQUEST_NULL). Sleeps up to 10 ms between polls: no core spins while it waits.
+  bool wait_all(std::vector<MPI_Request>& req, std::chrono::milliseconds extra = std::chrono::milliseconds(0)) {
+    static const fa::wait_policy polling{.spin = 16, .yields = 16, .min_sleep = std::chrono::microseconds(20),
+                                         .max_sleep = std::chrono::microseconds(10000)};
+    const auto deadline = std::chrono::steady_clock::now() + timeout_ + extra;
+    fa::detail::backoff b(polling);
+    while (true) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(req.size()), req.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) return true;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        for (auto& r : req) { // MPI_Testall leaves every request as it was when not all are done
+          int one = 0;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &one, MPI_STATUS_IGNORE);
+        }
+        return false;
+      }
+      b.pause();
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int me_ = 0, n_ = 1;
+  unsigned epoch_ = 0;
+  bool failed_ = false;
+};
+
+/// The options every rank must be given alike, each as text: ranks that differ (say in --iters or
+/// --compare-mpi) would wait in different collectives. Rank 0 alone writes --report.
+std::vector<std::pair<const char*, std::string>> agreed_options(const options& o) {
+  const auto num = [](auto v) { return std::to_string(v); };
+  return {{"--servers", num(o.servers)},
+          {"--gpus", num(o.gpus)},
+          {"--scaleup", strf("%d %a %a", static_cast<int>(o.links.kind), o.links.scaleup_bandwidth,
+                            o.links.scaleout_bandwidth)},
+          {"--decomposer", o.decomposer},
+          {"--adaptive", num(o.adaptive)},
+          {"--granule", num(o.granule)},
+          {"--alpha", strf("%a", o.alpha_s)},
+          {"--max-plan-bytes", num(o.max_plan_bytes)},
+          {"the input", o.input_flag},
+          {"--matrix", o.matrix_path},
+          {"--index", num(o.index)},
+          {"--all", num(o.all)},
+          {"--unit", num(o.unit)},
+          {"--zipf", strf("%a", o.zipf_s)},
+          {"--hotspot", num(o.hot)},
+          {"--hot-share", strf("%a", o.hot_share)},
+          {"--lognormal", strf("%a", o.sigma)},
+          {"--bytes-per-rank", num(o.bytes_per_rank)},
+          {"--seed", num(o.seed)},
+          {"--transport", o.transport},
+          {"--iters", num(o.iters)},
+          {"--rail-window", num(o.rail_window)},
+          {"--compare-mpi", num(o.compare_mpi)},
+          {"--dump-program", num(o.dump_program)}};
 }
 
-bytes_t sum_over_ranks(bytes_t x) {
-  bytes_t s = 0;
-  MPI_Allreduce(&x, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return s;
+/// FNV-1a of a text: a digest for comparing options across ranks.
+std::uint64_t digest_of(const std::string& text) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+/// Agrees on the options before anything else: an allgather of one digest per option; every rank
+/// throws the same error, naming the ranks whose options differ from rank 0's and the options.
+void agree_on_options(guarded_world& world, const options& o) {
+  const auto fields = agreed_options(o);
+  std::vector<std::uint64_t> mine;
+  for (const auto& f : fields) mine.push_back(digest_of(f.second));
+  const std::vector<std::uint64_t> all = world.allgather(mine, "agreeing on the options");
+  const std::size_t k = fields.size(), n = all.size() / k;
+  std::string ranks, which;
+  std::vector<bool> differs(k, false);
+  for (std::size_t r = 1; r < n; ++r) {
+    bool rank_differs = false;
+    for (std::size_t f = 0; f < k; ++f)
+      if (all[r * k + f] != all[f]) rank_differs = differs[f] = true;
+    if (rank_differs) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (ranks.empty()) return;
+  for (std::size_t f = 0; f < k; ++f)
+    if (differs[f]) which += (which.empty() ? "" : ", ") + std::string(fields[f].first);
+  const bool one = ranks.find(',') == std::string::npos;
+  throw fa::error("every rank must be given the same options: " + std::string(one ? "rank " : "ranks ") + ranks +
+                  (one ? " differs" : " differ") + " from rank 0 in " + which);
+}
+
+double slowest_rank(guarded_world& world, double seconds) {
+  world.allreduce(&seconds, 1, MPI_DOUBLE, MPI_MAX, "the slowest rank's time");
+  return seconds;
+}
+
+bytes_t sum_over_ranks(guarded_world& world, bytes_t x) {
+  world.allreduce(&x, 1, MPI_UINT64_T, MPI_SUM, "summing the checked bytes");
+  return x;
 }
 
 /// One warm-up and o.iters timed calls of the engine with decomposer D on the MPI transport,
 /// every received byte of every call checked; with `compare`, MPI_Alltoallv too.
 template <fa::Decomposer D>
-mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_matrix& t, const options& o,
-                           bool compare, D dec = D(), bool dump = false) {
+mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& topo, const fa::traffic_matrix& t,
+                           const options& o, bool compare, D dec = D(), bool dump = false) {
   using clock = std::chrono::steady_clock;
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -75,10 +259,12 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
   bytes_t checked = 0;
   for (unsigned c = 0; c <= o.iters; ++c) { // call 0 is the warm-up
     std::fill(recv.begin(), recv.end(), std::byte{0});
-    MPI_Barrier(MPI_COMM_WORLD);
+    world.barrier("the barrier before call " + std::to_string(c));
     const auto start = clock::now();
     eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
-    const double s = slowest_rank(std::chrono::duration<double>(clock::now() - start).count());
+    const double mine = std::chrono::duration<double>(clock::now() - start).count();
+    world.barrier("the end of call " + std::to_string(c)); // outside the timed region; names a missing rank
+    const double s = slowest_rank(world, mine);
     if (c > 0) calls.emplace_back(s, eng.last_stats());
     if (dump && c == 0 && me == o.dump_program) eng.last_program().print(std::cout);
     check_delivery(l, recv, me, c);
@@ -87,16 +273,16 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
   std::sort(calls.begin(), calls.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   f.call_s = calls[calls.size() / 2].first;
   f.stats = calls[calls.size() / 2].second;
-  f.checked = sum_over_ranks(checked);
+  f.checked = sum_over_ranks(world, checked);
   f.stages = eng.last_plan().stages();
   bytes_t staging = eng.staging_bytes();
-  MPI_Allreduce(MPI_IN_PLACE, &staging, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  world.allreduce(&staging, 1, MPI_UINT64_T, MPI_MAX, "the largest staging buffer");
   f.staging_max = staging;
 
   if (compare) {
     // MPI_Alltoallv counts in int: a larger matrix cannot be compared (every rank must agree).
     int fits = l.send_bytes <= INT_MAX && l.recv_bytes <= INT_MAX ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    world.allreduce(&fits, 1, MPI_INT, MPI_MIN, "--compare-mpi's size check");
     if (!fits) throw fa::error("--compare-mpi: a rank's buffer passes INT_MAX bytes, beyond MPI_Alltoallv's int counts");
     const auto ints = [](const std::vector<std::uint64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
     const std::vector<int> sc = ints(l.send_counts), sd = ints(l.send_displs), rc = ints(l.recv_counts),
@@ -104,11 +290,11 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
     std::vector<std::byte> ref(recv.size());
     std::vector<double> times;
     for (unsigned c = 0; c <= o.iters; ++c) {
-      MPI_Barrier(MPI_COMM_WORLD);
+      world.barrier("the barrier before MPI_Alltoallv call " + std::to_string(c));
       const auto start = clock::now();
       MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, ref.data(), rc.data(), rd.data(), MPI_BYTE,
                     MPI_COMM_WORLD);
-      const double s = slowest_rank(std::chrono::duration<double>(clock::now() - start).count());
+      const double s = slowest_rank(world, std::chrono::duration<double>(clock::now() - start).count());
       if (c > 0) times.push_back(s);
     }
     std::sort(times.begin(), times.end());
@@ -118,7 +304,7 @@ mpi_figures run_mpi_engine(const fa::two_tier_topology& topo, const fa::traffic_
     if (differ != 0)
       throw delivery_failure("rank " + std::to_string(me) + ": " + std::to_string(differ) + " of " +
                              std::to_string(recv.size()) + " received bytes differ from MPI_Alltoallv's");
-    f.compared = sum_over_ranks(recv.size());
+    f.compared = sum_over_ranks(world, recv.size());
   }
   return f;
 }
@@ -128,12 +314,19 @@ int run_mpi_command(const options& o) {
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
+  guarded_world world(engine_options_of(o).timeout);
+  agree_on_options(world, o); // before anything that ranks given other options would do differently
   const fa::two_tier_topology topo = fa::mpi_world_topology(o.gpus, MPI_COMM_WORLD, o.links);
   if (o.servers != 0 && o.servers != topo.servers())
     throw fa::error("--servers " + std::to_string(o.servers) + " does not match " + std::to_string(n) +
                     " MPI ranks of " + std::to_string(o.gpus) + " GPUs per server (" +
                     std::to_string(topo.servers()) + " servers)");
   const workload w = load_workload(o, n); // every rank reads or generates the same matrices
+  // This process holds one rank's buffers and engine (a failure here aborts every rank).
+  const long double engine_bytes = fa::with_decomposer(o.decomposer, decomposer_params_of(fa::scaleout_of(topo)), [&](auto dec) {
+    return engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
+  });
+  for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, me, 1, engine_bytes, "this rank's machine");
   std::ofstream report;
   if (me == 0 && !o.report_path.empty()) {
     report.open(o.report_path, std::ios::binary | std::ios::trunc);
@@ -157,9 +350,9 @@ int run_mpi_command(const options& o) {
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const mpi_figures fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
-      return run_mpi_engine(topo, t, o, o.compare_mpi, dec, true);
+      return run_mpi_engine(world, topo, t, o, o.compare_mpi, dec, true);
     });
-    const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(topo, t, o, false);
+    const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(world, topo, t, o, false);
     all_checked += fast.checked + direct.checked;
     all_compared += fast.compared;
     if (me != 0) continue;
@@ -196,6 +389,12 @@ int run_mpi_command(const options& o) {
   return 0;
 }
 
+/// `message` under "rank N: ", unless it already starts so (the engine names its rank itself).
+std::string with_rank(int me, const std::string& message) {
+  const std::string prefix = "rank " + std::to_string(me) + ": ";
+  return message.starts_with(prefix) ? message : prefix + message; // not "rank 7: rank 7: ..."
+}
+
 } // namespace
 
 int run_mpi(const options& o) {
@@ -211,7 +410,7 @@ int run_mpi(const options& o) {
     std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
     code = 1;
   } catch (const std::exception& e) { // fasta2a::error and anything else
-    std::cerr << "fasta2a: error: rank " << me << ": " << e.what() << "\n";
+    std::cerr << "fasta2a: error: " << with_rank(me, e.what()) << "\n";
     code = 2;
   }
   if (code != 0) {

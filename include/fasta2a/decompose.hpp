@@ -66,6 +66,15 @@ concept Decomposer = requires(D& d, const server_matrix& m, stage_list& out) {
   d.decompose(m, out);
 };
 
+/// Scratch bytes a decomposer needs per server pair (its padded matrix and work lists): the
+/// decomposer's own `scratch_bytes_per_server_pair` where it states one, else 32 (a padded entry
+/// and a heap entry per pair, rounded up).
+template <class D> constexpr std::size_t decomposer_scratch_per_pair() noexcept {
+  if constexpr (requires { D::scratch_bytes_per_server_pair; }) return D::scratch_bytes_per_server_pair;
+  else return 32;
+}
+
+
 namespace detail {
 
 /// ceil(v / unit) for unit >= 1.
@@ -133,6 +142,8 @@ public:
   static constexpr const char* name = "birkhoff";
   static constexpr bool staged = true;
   static constexpr bool exact = true;
+  /// The padded matrix (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = sizeof(bytes_t);
 
   void decompose(const server_matrix& m, stage_list& out) {
     const int n = static_cast<int>(m.rows());
@@ -241,6 +252,7 @@ private:
 class spread_out_decomposer {
 public:
   static constexpr const char* name = "spread-out";
+  static constexpr std::size_t scratch_bytes_per_server_pair = 0;
   static constexpr bool staged = true;
   static constexpr bool exact = false;
 
@@ -266,6 +278,7 @@ private:
 class direct_decomposer {
 public:
   static constexpr const char* name = "direct";
+  static constexpr std::size_t scratch_bytes_per_server_pair = 0;
   static constexpr bool staged = false;
   static constexpr bool exact = false;
   void decompose(const server_matrix& m, stage_list& out) { out.reset(static_cast<int>(m.rows())); }
@@ -304,6 +317,8 @@ public:
   static constexpr const char* name = "best-of";
   static constexpr bool staged = true;
   static constexpr bool exact = (Ds::exact && ...);
+  /// Every member keeps its own scratch.
+  static constexpr std::size_t scratch_bytes_per_server_pair = (decomposer_scratch_per_pair<Ds>() + ...);
 
   /// Compares the members' stages in scale-out model `net`: the topology's (scaleout_of) where
   /// the plans are for one. Throws fasta2a::error unless alpha >= 0 and the bandwidth > 0, both

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -623,13 +624,17 @@ private:
     const double need = static_cast<double>(T) * (static_cast<double>(S) * 4 + 8) +
                         (static_cast<double>(n) * static_cast<double>(slots) + 1) * 4 +
                         2.0 * static_cast<double>(n) * static_cast<double>(n) * 4 +
-                        static_cast<double>(p_.pieces.size()) * (sizeof(piece) + 6 * sizeof(rank_op));
+                        static_cast<double>(p_.pieces.size()) * (sizeof(piece) + 6 * sizeof(rank_op)) +
+                        // assign_staging's scratch: stream loads and the layout's two bases, S^2 x G each
+                        3.0 * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(G) *
+                            sizeof(bytes_t);
     if (need > static_cast<double>(opt_.max_plan_bytes))
       throw plan_too_large(std::string(plan_json_format) + ": the plan (" + std::to_string(n) +
                            " ranks, " + std::to_string(T) + " stages, " +
                            std::to_string(p_.pieces.size()) + " pieces) would take about " +
                            std::to_string(static_cast<std::uint64_t>(need)) +
-                           " bytes, past the limit of " + std::to_string(opt_.max_plan_bytes) +
+                           " bytes (message index, op index, pieces and the S^2 x G staging layout), past "
+                           "the limit of " + std::to_string(opt_.max_plan_bytes) +
                            "; raise plan_read_options::max_plan_bytes");
     // rank_op::piece and the op index are 32-bit: at most 6 ops per piece.
     if (p_.pieces.size() > (std::size_t{0xffffffffu} - 1) / 6)
@@ -771,12 +776,19 @@ inline plan read_plan_json(std::string_view text, plan_read_options opt = {}) {
 /// read_plan_json of the file at `path`; errors are prefixed with the path, and a file that cannot
 /// be opened or read is an error naming it.
 inline plan load_plan_json(const std::string& path, plan_read_options opt = {}) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw error("plan file '" + path + "' is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error("cannot open plan file '" + path + "'");
   std::string text;
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   if (size < 0) throw error("cannot read plan file '" + path + "'");
+  // The text is held whole while it is read: a document is refused before it is read when it alone
+  // passes the limit (its plan takes less memory than its text: about 100 bytes of JSON per piece).
+  if (static_cast<std::uintmax_t>(size) > opt.max_plan_bytes)
+    throw plan_too_large("plan file '" + path + "' is " + std::to_string(size) + " bytes, past the limit of " +
+                         std::to_string(opt.max_plan_bytes) + "; raise plan_read_options::max_plan_bytes");
   in.seekg(0, std::ios::beg);
   text.resize(static_cast<std::size_t>(size));
   if (size > 0 && !in.read(text.data(), size)) throw error("cannot read plan file '" + path + "'");

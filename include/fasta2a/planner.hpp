@@ -24,7 +24,8 @@ struct plan_options {
   /// are not cut. Must be at least 1.
   bytes_t granule = 1;
   /// The planner throws plan_too_large instead of building a plan larger than this (stages,
-  /// pieces and the per-rank op index together).
+  /// pieces and the per-rank op index together), and instead of allocating more scratch than this
+  /// (planner_scratch_bytes: checked before anything of that size is allocated, on every call).
   std::size_t max_plan_bytes = std::size_t{2} << 30;
   /// When set (seconds per stage), the planner also predicts direct sending against the staged
   /// plan's scale-out phase in the topology's scale-out model with this alpha
@@ -62,6 +63,18 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
   const bytes_t base = (v / unit) * granule;
   const bytes_t rem = v - base * gpus;
   return base + std::min(rem, granule);
+}
+
+/// What a planner with decomposer D allocates before its first piece, for S servers of G GPUs:
+/// the server matrix, per-pair stage index and weights (32 bytes per server pair), the rail
+/// capacities and the staging layout's two bases (24 bytes per server pair and rail), the
+/// decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message index
+/// (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the planner
+/// refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
+template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept {
+  const long double S = servers, G = gpus, pairs = S * S, n = S * G;
+  return pairs * (32.0L + static_cast<long double>(decomposer_scratch_per_pair<D>())) + pairs * G * 24.0L +
+         n * 40.0L + (whole_plan ? n * n * 8.0L : 0.0L);
 }
 
 /// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
@@ -115,6 +128,7 @@ private:
     const int S = topo_.servers();
     const int G = gpus();
     if (t.rows() != n || t.cols() != n) check_traffic(t, n); // throws, naming both shapes
+    check_scratch(view < 0);
     p.decomposer = D::name;
     p.servers = S;
     p.gpus_per_server = G;
@@ -173,6 +187,20 @@ private:
   int gpus() const noexcept {
     if constexpr (static_gpus_v<Topo> > 0) return static_gpus_v<Topo>;
     else return topo_.gpus_per_server();
+  }
+
+  // Refuses, before allocating it, scratch past the limit (planner_scratch_bytes).
+  void check_scratch(bool whole_plan) const {
+    const long double need = planner_scratch_bytes<D>(topo_.servers(), gpus(), whole_plan);
+    if (need > static_cast<long double>(opt_.max_plan_bytes)) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.0Lf", need);
+      throw plan_too_large("planning " + std::to_string(topo_.servers()) + " servers x " + std::to_string(gpus()) +
+                           " GPUs needs about " + b + " bytes of scratch and index (S^2 x G rail capacities and "
+                           "staging layout, S^2 decomposer work" + (whole_plan ? ", ranks^2 message index" : "") +
+                           "), past the plan size limit of " + std::to_string(opt_.max_plan_bytes) +
+                           " bytes; raise plan_options::max_plan_bytes");
+    }
   }
 
   void check_size(std::size_t bytes, const char* what) const {

@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
+#include <system_error>
+#include <type_traits>
 #include <limits>
 #include <numbers>
 #include <numeric>
@@ -71,75 +74,147 @@ inline bytes_t check_traffic(const traffic_matrix& m, rank_t n) {
 
 namespace detail {
 
-inline std::string read_whole_file(const std::string& path) {
+/// Opens a trace file for reading, refusing what is not a regular file (a directory opens on some
+/// systems and then reads as garbage or "out of memory").
+inline std::ifstream open_trace_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(status))
+    throw error("trace file '" + path + "' is a directory, not a file of counts");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw error("cannot open trace file '" + path + "'");
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  // A directory opens on some systems but has no meaningful size: report it as unreadable.
-  if (size < 0)
-    throw error("cannot read trace file '" + path + "'");
-  in.seekg(0, std::ios::beg);
-  std::string text(static_cast<std::size_t>(size), '\0');
-  if (size > 0 && !in.read(text.data(), size))
-    throw error("cannot read trace file '" + path + "'");
-  return text;
+  return in;
 }
 
 inline bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/// The token as it should appear in a message: long garbage (a binary file) is cut short.
+/// Text for a message: printable ASCII as is, anything else (a NUL byte, control characters,
+/// bytes of a binary file) as \xNN, so that a message is never cut short or garbled by what it
+/// quotes.
+inline std::string printable(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(text.size());
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') s += ch;
+    else if (c == '\\') s += "\\\\";
+    else {
+      s += "\\x";
+      s += hex[c >> 4];
+      s += hex[c & 15];
+    }
+  }
+  return s;
+}
+
+/// The token as it should appear in a message: long garbage (a binary file) is cut short, and
+/// non-printable bytes are escaped (printable).
 inline std::string quote_token(std::string_view token) {
   constexpr std::size_t shown = 40;
   // Appended piece by piece: GCC 12 at -O3 misreads "'" + std::string(...) as an overlapping
   // memcpy (a false -Wrestrict).
   std::string s;
-  s.reserve(shown + 5);
+  s.reserve(shown * 4 + 5);
   s += '\'';
-  s += token.substr(0, shown);
+  s += printable(token.substr(0, shown));
   if (token.size() > shown) s += "...";
   s += '\'';
   return s;
 }
 
-/// The one tokenizer behind every trace reader. Calls sink(position, value, line) for every number
-/// of `text` in order (position counts numbers from 0, line from 1) and returns how many there
-/// were. Every token is validated, so a malformed file is an error whatever the caller wants.
+/// The one tokenizer behind every trace reader, fed text in pieces of any size (a token may span
+/// two pieces): calls sink(position, value, line) for every number in order (position counts
+/// numbers from 0, line from 1). Every token is validated as soon as its bytes arrive, so a
+/// malformed file is an error at its first bad byte, without reading the rest.
+template <class Sink>
+class number_scanner {
+public:
+  number_scanner(const std::string& path, Sink& sink) : path_(path), sink_(sink) {}
+
+  void feed(std::string_view text) {
+    constexpr bytes_t max = std::numeric_limits<bytes_t>::max();
+    for (char c : text) {
+      if (problem_ != nullptr) { // show the rest of the bad token (up to 41 bytes), then throw
+        if (is_space(c) || shown_.size() > 40) bad();
+        shown_ += c;
+        continue;
+      }
+      if (is_space(c)) {
+        if (in_token_) finish_token();
+        line_ += (c == '\n');
+        continue;
+      }
+      in_token_ = true;
+      if (shown_.size() <= 40) shown_ += c;
+      if (c < '0' || c > '9') {
+        problem_ = " is not a non-negative decimal integer";
+        continue;
+      }
+      const auto digit = static_cast<bytes_t>(c - '0');
+      if (value_ > (max - digit) / 10) {
+        problem_ = " does not fit in 64 bits";
+        continue;
+      }
+      value_ = value_ * 10 + digit;
+    }
+    if (problem_ != nullptr) bad();
+  }
+
+  /// Ends the text; returns how many numbers there were.
+  std::size_t finish() {
+    if (in_token_) finish_token();
+    return count_;
+  }
+
+private:
+  void finish_token() {
+    sink_(count_, value_, line_);
+    ++count_;
+    value_ = 0;
+    in_token_ = false;
+    shown_.clear();
+  }
+  [[noreturn]] void bad() const {
+    throw error("trace file '" + path_ + "' line " + std::to_string(line_) + ": " + quote_token(shown_) + problem_);
+  }
+
+  const std::string& path_;
+  Sink& sink_;
+  std::size_t line_ = 1, count_ = 0;
+  bytes_t value_ = 0;
+  bool in_token_ = false;
+  const char* problem_ = nullptr; // set on a bad byte: the rest of the token is shown, then it throws
+  std::string shown_; // the token so far, up to 41 bytes (for messages)
+};
+
+/// for_each_number over a whole text in memory.
 template <class Sink>
 std::size_t for_each_number(const std::string& path, std::string_view text, Sink&& sink) {
-  constexpr bytes_t max = std::numeric_limits<bytes_t>::max();
-  const char* p = text.data();
-  const char* const end = p + text.size();
-  std::size_t line = 1;
-  std::size_t count = 0;
-  while (true) {
-    while (p != end && is_space(*p)) {
-      line += (*p == '\n');
-      ++p;
-    }
-    if (p == end)
-      return count;
-    const char* const start = p;
-    while (p != end && !is_space(*p))
-      ++p;
-    const std::string_view token(start, static_cast<std::size_t>(p - start));
-    bytes_t value = 0;
-    for (char c : token) {
-      if (c < '0' || c > '9')
-        throw error("trace file '" + path + "' line " + std::to_string(line) + ": " + quote_token(token) +
-                    " is not a non-negative decimal integer");
-      const auto digit = static_cast<bytes_t>(c - '0');
-      if (value > (max - digit) / 10)
-        throw error("trace file '" + path + "' line " + std::to_string(line) + ": " + quote_token(token) +
-                    " does not fit in 64 bits");
-      value = value * 10 + digit;
-    }
-    sink(count, value, line);
-    ++count;
+  number_scanner<std::remove_reference_t<Sink>> scan(path, sink);
+  scan.feed(text);
+  return scan.finish();
+}
+
+/// for_each_number over a file, read in 1 MiB pieces: memory stays bounded whatever the file's
+/// size, and a file that is not text (a sparse or binary file) is refused at its first bad byte.
+template <class Sink>
+std::size_t for_each_number_in_file(const std::string& path, Sink&& sink) {
+  std::ifstream in = open_trace_file(path);
+  number_scanner<std::remove_reference_t<Sink>> scan(path, sink);
+  std::string buf(std::size_t{1} << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize got = in.gcount();
+    if (got <= 0) break;
+    scan.feed(std::string_view(buf.data(), static_cast<std::size_t>(got)));
   }
+  if (in.bad())
+    throw error("cannot read trace file '" + path + "'");
+  return scan.finish();
 }
 
 /// Reads and validates a whole trace of n x n matrices, feeding each number to `sink` as
@@ -147,8 +222,7 @@ std::size_t for_each_number(const std::string& path, std::string_view text, Sink
 template <class Sink>
 std::size_t scan_trace(const std::string& path, rank_t n, Sink&& sink) {
   require_positive_ranks(n, "trace reader");
-  const std::string text = read_whole_file(path);
-  const std::size_t numbers = for_each_number(path, text, sink);
+  const std::size_t numbers = for_each_number_in_file(path, sink);
   const auto per_matrix = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
   const std::string shape = std::to_string(n) + " x " + std::to_string(n);
   if (numbers == 0)

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Mutation testing of fasta2a's test suite (issue 12): realistic one-line bugs in a copy of the tree,
+each run against the test executables that cover its file. A mutant is KILLED when a test fails (or
+times out), SURVIVED when every test passes.
+
+  tools/mutate.py [--work DIR] [--only ID,ID] [--list] [--check] [--jobs N] [--timeout S] [--one-at-a-time]
+
+Each mutation is one line of a header (`old`, replaced by `new`), in which expression `a` becomes `b`.
+By default the copy holds every mutant at once as a schema, `(fasta2a_mutant(K) ? (b) : (a))`, and
+FASTA2A_MUTANT=K in the environment switches mutant K on at run time: each covering test executable
+is compiled once, and run once unmutated (the baseline, which must pass) and once per mutant. On a
+2-core machine shared by several builds this is about 10 compilations instead of 35.
+--one-at-a-time applies each mutation's `new` line to the copy instead and rebuilds its targets (the
+literal method; slow; a mutant that does not compile is INVALID). --check verifies every mutation
+(its line occurs once, `a` occurs once in it, and replacing `a` by `b` gives `new`), --list prints them.
+Too slow for CI; run it before resolving a robustness issue and whenever the suite changes much.
+Results go to stdout and DIR/results.jsonl.
+
+Known equivalent mutants (they cannot be killed; keep them as a check on this list's reasoning):
+- verify-lower-bound-off-by-one: verify's "below the lower bound" check cannot fire once the rail
+  loads passed theirs (the busiest server spreads its inter-server bytes over G rails, so one rail
+  carries at least ceil(bytes / G) = the bound, and each of its stage loads is within the stage's
+  weight), so weakening it changes no verdict.
+Survivors of the first run (issue 12) and the tests that now kill them: planner-padding-stage-kept
+and birkhoff-lightest-first (planner.stages_hold_no_idle_pairs_and_birkhoff_is_heaviest_first).
+
+Not covered this session: include/fasta2a/engine.hpp (rewritten by issue 12's engine work; add
+its mutations once that lands: the engine and host-transport tests caught every engine mutation
+in the issue's first run).
+"""
+import argparse, json, os, shutil, subprocess, sys, time
+
+# Each: id, file, the exact text (unique in the file), its replacement, the test executables
+# (CMake targets) that cover it, and for MPI targets a ctest regex instead of running them directly.
+M = [
+    # planner.hpp
+    dict(id="planner-partial-granule-rounded-up", file="include/fasta2a/planner.hpp",
+         old="bytes_t extra = std::min(rem, granule);", new="bytes_t extra = granule;",
+         a="std::min(rem, granule)", b="granule",
+         targets=["test_planner"]),
+    dict(id="planner-per-rail-bytes-whole-remainder", file="include/fasta2a/planner.hpp",
+         old="return base + std::min(rem, granule);", new="return base + rem;",
+         a="std::min(rem, granule)", b="rem",
+         targets=["test_planner"]),
+    dict(id="planner-padding-stage-kept", file="include/fasta2a/planner.hpp",
+         old="if (pair_weight_[pr] >= m_(s, d)) p.stage_perm[t * S + s] = -1;",
+         new="if (pair_weight_[pr] > m_(s, d)) p.stage_perm[t * S + s] = -1;",
+         a="pair_weight_[pr] >= m_(s, d)", b="pair_weight_[pr] > m_(s, d)",
+         targets=["test_planner"]),
+    dict(id="planner-own-rail-ignored", file="include/fasta2a/planner.hpp",
+         old="for (int k = 0; k < G; ++k) res_[k] = cap_[k] - std::min(B(k, k), cap_[k]);",
+         new="for (int k = 0; k < G; ++k) res_[k] = cap_[k];",
+         a="cap_[k] - std::min(B(k, k), cap_[k])", b="cap_[k]",
+         targets=["test_planner"]),
+    # decompose.hpp
+    dict(id="decompose-units-floor", file="include/fasta2a/decompose.hpp",
+         old="return unit == 1 ? v : v / unit + (v % unit != 0);", new="return unit == 1 ? v : v / unit;",
+         a="v / unit + (v % unit != 0)", b="v / unit",
+         targets=["test_fewer_stages"]),
+    dict(id="decompose-diagonal-padding-max", file="include/fasta2a/decompose.hpp",
+         old="const bytes_t d = std::min(row[i], col[i]);", new="const bytes_t d = std::max(row[i], col[i]);",
+         a="std::min(row[i], col[i])", b="std::max(row[i], col[i])",
+         targets=["test_planner"]),
+    dict(id="birkhoff-lightest-first", file="include/fasta2a/decompose.hpp",
+         old="return out.weights[a] > out.weights[b]; });", new="return out.weights[a] < out.weights[b]; });",
+         a="out.weights[a] > out.weights[b]", b="out.weights[a] < out.weights[b]",
+         targets=["test_planner"]),
+    # fewer_stages.hpp
+    dict(id="quantum-divides-by-n", file="include/fasta2a/fewer_stages.hpp",
+         old="net.alpha_s * net.bandwidth * L / (n - 1));", new="net.alpha_s * net.bandwidth * L / n);",
+         a="L / (n - 1)", b="L / n",
+         targets=["test_fewer_stages"]),
+    dict(id="quantum-no-round-down", file="include/fasta2a/fewer_stages.hpp",
+         old="return q < 2 ? 1 : floor_pow2(static_cast<bytes_t>(std::min(q, 9.2e18)));",
+         new="return q < 2 ? 1 : static_cast<bytes_t>(std::min(q, 9.2e18));",
+         a="floor_pow2(static_cast<bytes_t>(std::min(q, 9.2e18)))", b="static_cast<bytes_t>(std::min(q, 9.2e18))",
+         targets=["test_fewer_stages"]),
+    # verify.hpp
+    dict(id="verify-two-granules-of-imbalance", file="include/fasta2a/verify.hpp",
+         old="if (*hi - *lo > p.granule)", new="if (*hi - *lo > 2 * p.granule)",
+         a="*hi - *lo > p.granule", b="*hi - *lo > 2 * p.granule",
+         targets=["test_verify"]),
+    dict(id="verify-rail-load-equal-weight-refused", file="include/fasta2a/verify.hpp",
+         old="if (sum > p.stage_weight[st])", new="if (sum > p.stage_weight[st] + 1)",
+         a="sum > p.stage_weight[st]", b="sum > p.stage_weight[st] + 1",
+         targets=["test_verify"]),
+    dict(id="verify-gap-unchecked", file="include/fasta2a/verify.hpp",
+         old="if (pc.offset != off) return fail(", new="if (pc.offset < off) return fail(",
+         a="pc.offset != off", b="pc.offset < off",
+         targets=["test_verify"]),
+    dict(id="verify-lower-bound-off-by-one", file="include/fasta2a/verify.hpp",
+         old="if (total < bound)", new="if (total + 1 < bound)",
+         a="total < bound", b="total + 1 < bound",
+         targets=["test_verify"]),
+    # cost_model.hpp / topology.hpp (the model)
+    dict(id="cost-direct-without-alpha", file="include/fasta2a/cost_model.hpp",
+         old="pr.scaleout_s = net.direct_time(nic);", new="pr.scaleout_s = net.transfer_time(nic);",
+         a="net.direct_time(nic)", b="net.transfer_time(nic)",
+         targets=["test_cost_model"]),
+    dict(id="model-direct-time-without-alpha", file="include/fasta2a/topology.hpp",
+         old="return busiest_nic > 0 ? stage_time(busiest_nic) : 0.0;",
+         new="return busiest_nic > 0 ? transfer_time(busiest_nic) : 0.0;",
+         a="stage_time(busiest_nic)", b="transfer_time(busiest_nic)",
+         targets=["test_topology"]),
+    dict(id="cost-overall-min", file="include/fasta2a/cost_model.hpp",
+         old="double overall_s() const noexcept { return std::max(scaleout_s, scaleup_s); }",
+         new="double overall_s() const noexcept { return std::min(scaleout_s, scaleup_s); }",
+         a="std::max(scaleout_s, scaleup_s)", b="std::min(scaleout_s, scaleup_s)",
+         targets=["test_cost_model"]),
+    dict(id="cost-direct-total-ignores-scaleup", file="include/fasta2a/cost_model.hpp",
+         old="pr.total_s = std::max(pr.scaleout_s, pr.scaleup_s);", new="pr.total_s = pr.scaleout_s;",
+         a="std::max(pr.scaleout_s, pr.scaleup_s)", b="pr.scaleout_s",
+         targets=["test_cost_model"]),
+    # plan files: plan_reader.hpp, json_writer.hpp
+    dict(id="json-hop-to-rank-n-accepted", file="include/fasta2a/plan_reader.hpp",
+         old='if (x.to >= N) fail(wh, "field \\"to\\" is "', new='if (x.to > N) fail(wh, "field \\"to\\" is "',
+         a="x.to >= N", b="x.to > N",
+         targets=["test_json"]),
+    dict(id="json-perm-to-server-s-accepted", file="include/fasta2a/plan_reader.hpp",
+         old="if (d >= S || d == s)", new="if (d > S || d == s)",
+         a="d >= S", b="d > S",
+         targets=["test_json"]),
+    dict(id="json-zero-byte-piece-accepted", file="include/fasta2a/plan_reader.hpp",
+         old="if (pc.bytes == 0)\n        fail(", new="if (pc.bytes == 0 && false)\n        fail(",
+         a="pc.bytes == 0", b="pc.bytes == 0 && false",
+         targets=["test_json"]),
+    # plan.hpp (routes and staging shared by planner and reader)
+    dict(id="plan-staging-slot-at-wrong-end", file="include/fasta2a/plan.hpp",
+         old="pc.stage_in = rail_target == pc.dst ? no_staging : in_base + pos;",
+         new="pc.stage_in = rail_source == pc.dst ? no_staging : in_base + pos;",
+         a="rail_target == pc.dst", b="rail_source == pc.dst",
+         targets=["test_planner"]),
+    # program.hpp
+    dict(id="program-rail-source-as-target", file="include/fasta2a/program.hpp",
+         old="const rank_t a = pc.rail >= 0 ? p.rail_source(pc) : -1, b = pc.rail >= 0 ? p.rail_target(pc) : -1;",
+         new="const rank_t a = pc.rail >= 0 ? p.rail_target(pc) : -1, b = pc.rail >= 0 ? p.rail_target(pc) : -1;",
+         a="p.rail_source(pc)", b="p.rail_target(pc)",
+         targets=["test_program"]),
+    # transports: host.hpp, mpi.hpp
+    dict(id="host-signal-before-count", file="transports/host/include/fasta2a/host.hpp",
+         old="return detail::poll_until([&] { return c.load(std::memory_order_acquire) >= count; }, waiting_, timeout);",
+         new="return detail::poll_until([&] { return c.load(std::memory_order_acquire) + 1 >= count; }, waiting_, timeout);",
+         a="c.load(std::memory_order_acquire) >= count", b="c.load(std::memory_order_acquire) + 1 >= count",
+         targets=["test_conformance_host"]),
+    dict(id="host-test-off-by-one", file="transports/host/include/fasta2a/host.hpp",
+         old="return counter(rank_, peer, ch).load(std::memory_order_acquire) >= count;",
+         new="return counter(rank_, peer, ch).load(std::memory_order_acquire) + 1 >= count;",
+         a="counter(rank_, peer, ch).load(std::memory_order_acquire) >= count", b="counter(rank_, peer, ch).load(std::memory_order_acquire) + 1 >= count",
+         targets=["test_conformance_host"]),
+    dict(id="mpi-chunk-count-floor", file="transports/mpi/include/fasta2a/mpi.hpp",
+         old="return n == 0 ? 1 : (n - 1) / limit + 1;", new="return n == 0 ? 1 : n / limit + 1;",
+         a="(n - 1) / limit + 1", b="n / limit + 1",
+         targets=["test_mpi"], ctest=r"^mpi\.np4$"),
+    dict(id="mpi-max-message-int-max-plus-one", file="transports/mpi/include/fasta2a/mpi.hpp",
+         old="if (m == 0 || m > mpi_int_max)", new="if (m == 0 || m > mpi_int_max + 1)",
+         a="m > mpi_int_max", b="m > mpi_int_max + 1",
+         targets=["test_mpi"], ctest=r"^mpi\.np4$"),
+]
+
+
+
+
+SCHEMA_HEADER = """
+#ifndef FASTA2A_MUTANT_SWITCH
+#define FASTA2A_MUTANT_SWITCH
+#include <cstdlib>
+// tools/mutate.py: mutant K is on when FASTA2A_MUTANT=K.
+inline bool fasta2a_mutant(int k) {
+  static const int on = [] {
+    const char* e = std::getenv("FASTA2A_MUTANT");
+    return e ? std::atoi(e) : 0;
+  }();
+  return on == k;
+}
+#endif
+"""
+
+
+def run(cmd, cwd, timeout=None, log=None, env=None):
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout, env=env)
+        rc, out = p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = 124
+    if log:
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(cmd)}  (rc {rc}, {time.time() - t0:.0f} s)\n{out[-3000:]}\n")
+    return rc, out
+
+
+def check(src, muts):
+    bad = 0
+    for m in muts:
+        text = open(os.path.join(src, m["file"])).read()
+        n = text.count(m["old"])
+        if n != 1:
+            print(f"{m['id']}: its line occurs {n} times in {m['file']} (want 1)")
+            bad += 1
+        elif m["old"].count(m["a"]) != 1 or m["old"].replace(m["a"], m["b"], 1) != m["new"]:
+            print(f"{m['id']}: replacing a by b in its line does not give new")
+            bad += 1
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default="/tmp/fasta2a-mutate")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--one-at-a-time", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test executable run")
+    a = ap.parse_args()
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    muts = list(M)
+    for k, m in enumerate(muts, 1):
+        m["k"] = k
+    if a.only:
+        want = set(a.only.split(","))
+        muts = [m for m in muts if m["id"] in want]
+    bad = check(src, muts)
+    if a.list:
+        for m in muts:
+            print(f"{m['k']:2d} {m['id']:40s} {m['file']}: {m['a']!r} -> {m['b']!r}  [{', '.join(m['targets'])}]")
+    if bad or a.check or a.list:
+        return 1 if bad else 0
+
+    # A copy of the working tree (tracked and untracked files, not ignored ones) and a build folder.
+    tree, build = os.path.join(a.work, "src"), os.path.join(a.work, "build")
+    if os.path.exists(a.work):
+        shutil.rmtree(a.work)
+    os.makedirs(tree)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=src, stdout=subprocess.PIPE,
+                           text=True, check=True).stdout.split("\n")
+    for f in files:
+        if f and os.path.isfile(os.path.join(src, f)):
+            os.makedirs(os.path.dirname(os.path.join(tree, f)) or tree, exist_ok=True)
+            shutil.copy2(os.path.join(src, f), os.path.join(tree, f))
+    workloads = os.path.join(os.path.dirname(src), "shared", "workloads")
+    log = os.path.join(a.work, "log.txt")
+    rc, out = run(["cmake", "-S", tree, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                   "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG", f"-DFASTA2A_WORKLOADS_DIR={workloads}",
+                   "-DCMAKE_CUDA_COMPILER=NOTFOUND", "-DFASTA2A_WITH_LIBFABRIC=OFF",
+                   "-DFASTA2A_BUILD_BENCHMARKS=OFF", "-DFASTA2A_BUILD_EXAMPLES=OFF", "-DFASTA2A_INSTALL=OFF"],
+                  tree, log=log)
+    if rc != 0:
+        print("configure failed:\n" + out[-3000:])
+        return 2
+
+    def exe(target):
+        for root, _, names in os.walk(build):
+            if target in names and os.access(os.path.join(root, target), os.X_OK):
+                return os.path.join(root, target)
+        return None
+
+    def build_targets(targets):
+        return run(["cmake", "--build", build, "-j", str(a.jobs), "--target", *targets], tree, log=log)
+
+    def test(targets, ctest=None, mutant=0):
+        env = dict(os.environ)
+        env.pop("FASTA2A_MUTANT", None)
+        if mutant:
+            env["FASTA2A_MUTANT"] = str(mutant)
+        if ctest:
+            rc, out = run(["ctest", "--test-dir", build, "-R", ctest, "--timeout", str(a.timeout)], tree,
+                          log=log, env=env)
+            return ("killed" if rc != 0 else "survived"), out[-600:]
+        for t in targets:
+            rc, out = run([exe(t)], os.path.dirname(exe(t)), timeout=a.timeout, log=log, env=env)
+            if rc != 0:
+                lines = [l for l in out.splitlines() if "ERROR" in l or "TEST CASE" in l or "FATAL" in l]
+                return "killed", f"{t}: rc {rc}: " + " | ".join(lines[:4])[:500]
+        return "survived", ""
+
+    def record(m, verdict, why, t0):
+        r = dict(id=m["id"], file=m["file"], verdict=verdict, seconds=round(time.time() - t0), detail=why)
+        with open(os.path.join(a.work, "results.jsonl"), "a") as f:
+            f.write(json.dumps(r) + "\n")
+        print(f"{verdict.upper():8s} {m['id']:40s} ({r['seconds']} s) {why[:300]}", flush=True)
+        return r
+
+    results = []
+    if a.one_at_a_time:
+        for m in muts:
+            path = os.path.join(tree, m["file"])
+            original = open(path).read()
+            open(path, "w").write(original.replace(m["old"], m["new"], 1))
+            t0 = time.time()
+            try:
+                rc, out = build_targets(m["targets"])
+                verdict, why = ("invalid", out[-800:]) if rc != 0 else test(m["targets"], m.get("ctest"))
+            finally:
+                open(path, "w").write(original)
+            results.append(record(m, verdict, why, t0))
+    else:
+        # Every mutant into the copy at once, as schemata.
+        by_file = {}
+        for m in muts:
+            by_file.setdefault(m["file"], []).append(m)
+        for f, ms in by_file.items():
+            path = os.path.join(tree, f)
+            text = open(path).read()
+            for m in ms:
+                line = m["old"].replace(m["a"], f"(fasta2a_mutant({m['k']}) ? ({m['b']}) : ({m['a']}))", 1)
+                text = text.replace(m["old"], line, 1)
+            text = text.replace("#pragma once\n", "#pragma once\n" + SCHEMA_HEADER, 1)
+            open(path, "w").write(text)
+        groups = {}
+        for m in muts:
+            groups.setdefault(tuple(m["targets"]), []).append(m)
+        for targets, ms in groups.items():
+            t0 = time.time()
+            rc, out = build_targets(list(targets))
+            if rc != 0:
+                print(f"BUILD FAILED {', '.join(targets)}:\n{out[-2000:]}", flush=True)
+                for m in ms:
+                    results.append(record(m, "invalid", "the schema does not compile", t0))
+                continue
+            verdict, why = test(list(targets), ms[0].get("ctest"))
+            print(f"baseline {', '.join(targets)}: {'passes' if verdict == 'survived' else 'FAILS ' + why}"
+                  f" ({time.time() - t0:.0f} s with the build)", flush=True)
+            if verdict != "survived":
+                for m in ms:
+                    results.append(record(m, "no-baseline", "the unmutated tests fail", t0))
+                continue
+            for m in ms:
+                t0 = time.time()
+                verdict, why = test(list(targets), m.get("ctest"), m["k"])
+                results.append(record(m, verdict, why, t0))
+    valid = [r for r in results if r["verdict"] in ("killed", "survived")]
+    killed = sum(r["verdict"] == "killed" for r in valid)
+    print(f"mutation score: {killed}/{len(valid)} killed"
+          + (f" ({100 * killed / len(valid):.0f}%)" if valid else "")
+          + f"; {len(results) - len(valid)} not run; survivors: "
+          + (", ".join(r["id"] for r in valid if r["verdict"] == "survived") or "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
