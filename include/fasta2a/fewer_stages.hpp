@@ -501,12 +501,14 @@ static_assert(Decomposer<quantized_decomposer>);
 /// Promises, as every exact decomposer: weights sum to L, the largest line sum of M; every pair
 /// (s, d) is served by stages whose weights sum to at least M(s, d); each stage a partial
 /// permutation (-1: idle); heaviest first. Cost O(S^2) per repaired pair of the second phase;
-/// about 40 S^2 bytes of scratch, reused across calls.
+/// scratch 8 S^2 bytes (what each pair has left) plus O(S), reused across calls.
 class slack_decomposer {
 public:
   static constexpr const char* name = "slack";
   static constexpr bool staged = true;
   static constexpr bool exact = true;
+  /// What each pair has left (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = sizeof(bytes_t);
 
   void decompose(const server_matrix& m, stage_list& out) {
     n_ = static_cast<int>(m.rows());
