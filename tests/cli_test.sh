@@ -68,7 +68,7 @@ py() {
   "$python" -c "$script" "$@" || fail "python check failed: ${script:0:80}... $*"
 }
 
-report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","predicted_s","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us","decomposer","choice"}'
+report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","lower_bound_alpha_s","predicted_s","predicted_over_lower_bound_alpha","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us","decomposer","choice"}'
 
 # check_report FILE LINES RANKS SERVERS GPUS BYTES: every line is a JSON object with exactly the
 # report's keys and the given shape, and the model's predictions respect the lower bound.
@@ -86,6 +86,15 @@ for k, r in enumerate(rows):
     for key in ('predicted_s', 'predicted_spreadout_s', 'predicted_direct_s'):
         assert r[key] >= lb * (1 - 1e-9), f'line {k}: {key} {r[key]} below the lower bound {lb}'
     assert r['synthesis_us'] > 0 and r['synthesis_rank_us'] > 0 and r['stages'] >= 0 and r['staging_bytes'] >= 0
+    # LB_alpha: at least LB, and a staged plan (one stage per server peer at least) is above it.
+    assert r['lower_bound_alpha_s'] >= lb * (1 - 1e-9), r
+    if r['decomposer'] != 'direct':
+        assert r['predicted_s'] >= r['lower_bound_alpha_s'] * (1 - 1e-9), f'line {k}: staged plan below LB_alpha: {r}'
+    if r['lower_bound_alpha_s'] > 0:
+        want = r['predicted_s'] / r['lower_bound_alpha_s']
+        assert abs(r['predicted_over_lower_bound_alpha'] - want) <= 1e-9 * max(1, want), r
+    else:
+        assert r['predicted_over_lower_bound_alpha'] == 0, r
 " "$@"
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fasta2a/cost_model.hpp"
+#include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/planner.hpp"
 
 using namespace fasta2a;
@@ -134,4 +135,39 @@ TEST_CASE("cost_model.direct_fallback_agrees_with_predict") {
   CHECK(stayed > 0);
   CHECK_THROWS_WITH_AS(planner<fixed_topology<8>>(h200_cluster(2), {.direct_if_faster_alpha = -1e-6}),
                        doctest::Contains("alpha"), error);
+}
+
+TEST_CASE("cost_model.lb_alpha_counts_server_peers_and_bounds_every_staged_plan") {
+  std::mt19937_64 rng(808);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 8), G = 1 + static_cast<int>(rng() % 4);
+    const rank_t n = S * G;
+    traffic_matrix t = traffic_matrix::Zero(n, n);
+    // Random sparse server pairs: a pair carries traffic on one random GPU pair or not at all.
+    std::vector<int> out_deg(S, 0), in_deg(S, 0);
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d || rng() % 3 == 0) continue;
+        t(s * G + static_cast<rank_t>(rng() % G), d * G + static_cast<rank_t>(rng() % G)) = 1 + rng() % 100000;
+        ++out_deg[s];
+        ++in_deg[d];
+      }
+    for (rank_t i = 0; i < n; ++i) t(i, i) = rng() % 1000; // a rank's own bytes are not a peer
+    const two_tier_topology topo(S, G);
+    const lower_bounds lb = lower_bound(topo, t);
+    int want = 0;
+    for (int s = 0; s < S; ++s) want = std::max({want, out_deg[s], in_deg[s]});
+    CAPTURE(iter);
+    CHECK(lb.peer_degree == want);
+    const double alpha = 1e-6 * static_cast<double>(rng() % 50);
+    CHECK(lb.staged_s(alpha) == doctest::Approx(std::max(lb.scaleout_s + want * alpha, lb.scaleup_s)));
+    CHECK(lb.staged_s(alpha) >= lb.overall_s());
+    // Every exact staged plan pays at least one stage per peer: its model time is above LB_alpha.
+    for (int which = 0; which < 2; ++which) {
+      const plan p = which == 0 ? make_plan(topo, t) : make_plan<slack_decomposer>(topo, t);
+      CHECK(p.stages() >= static_cast<std::size_t>(want));
+      const prediction pr = predict(topo, p, {.alpha = alpha});
+      CHECK(pr.total_s >= lb.staged_s(alpha) * (1 - 1e-9));
+    }
+  }
 }

@@ -60,7 +60,10 @@ Output files (the plan and timeline of the first planned matrix):
   --json FILE             the FAST plan, format fasta2a.plan.v1
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
                           stages, scaleup_bytes, staging_bytes (largest per-rank staging buffer),
-                          lower_bound_s, predicted_s, predicted_spreadout_s, predicted_direct_s,
+                          lower_bound_s, lower_bound_alpha_s (LB_out plus alpha per stage a
+                          staged plan needs at least: S - 1 where every server pair has traffic),
+                          predicted_s, predicted_over_lower_bound_alpha, predicted_spreadout_s,
+                          predicted_direct_s,
                           synthesis_us (whole plan), synthesis_rank_us (rank 0's part),
                           decomposer and choice (the schedule used and why, with best/--adaptive)
   --svg FILE              the model's timeline, FAST above direct sending

@@ -166,7 +166,9 @@ template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
       r.staging_max = std::max(r.staging_max, b);
       r.staging_sum += static_cast<long double>(b);
     }
-    r.lower_bound_s = fa::lower_bound(topo, t).overall_s();
+    const fa::lower_bounds lb = fa::lower_bound(topo, t);
+    r.lower_bound_s = lb.overall_s();
+    r.lower_bound_alpha_s = lb.staged_s(o.alpha_s);
     r.fast_s = pf.total_s;
     r.spread_s = ps.total_s;
     r.direct_s = pd.total_s;

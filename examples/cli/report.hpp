@@ -45,7 +45,7 @@ struct row {
   bytes_t scaleup_bytes = 0;
   bytes_t staging_max = 0;     // the largest per-rank staging buffer
   long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
-  double lower_bound_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
+  double lower_bound_s = 0, lower_bound_alpha_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
   std::string decomposer, choice; // which schedule the FAST plan uses, and why (adaptive choices)
 };
 

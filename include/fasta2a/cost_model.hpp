@@ -31,7 +31,17 @@ scaleout_model scaleout_of(const Topo& topo, const cost_params& cp) {
 struct lower_bounds {
   double scaleout_s = 0; ///< LB_out: busiest server's out or in bytes / (G * b_out)
   double scaleup_s = 0;  ///< LB_up: busiest GPU port (switch) or GPU pair (mesh) of intra traffic
+  /// The most server peers one server exchanges bytes with (sending or receiving): a staged
+  /// one-to-one schedule needs at least this many stages (S - 1 when every server pair carries
+  /// traffic).
+  int peer_degree = 0;
   double overall_s() const noexcept { return std::max(scaleout_s, scaleup_s); }
+  /// LB_alpha, the stage-aware bound of a staged plan whose stages cost alpha each: LB_out plus
+  /// peer_degree stages of alpha (each stage a server sends to one server and receives from one),
+  /// or LB_up if larger. Direct sending has no stages and is not bounded by it.
+  double staged_s(double alpha_s) const noexcept {
+    return std::max(scaleout_s + peer_degree * alpha_s, scaleup_s);
+  }
 };
 
 template <Topology Topo>
@@ -56,6 +66,20 @@ lower_bounds lower_bound(const Topo& topo, const traffic_matrix& t) {
   lower_bounds lb;
   bytes_t busiest = 0;
   for (int s = 0; s < S; ++s) busiest = std::max({busiest, out[s], in[s]});
+  // Server peers: pairs (s, d), s != d, with any bytes between their GPUs.
+  std::vector<int> sends_to(S, 0), receives_from(S, 0);
+  for (int s = 0; s < S; ++s)
+    for (int d = 0; d < S; ++d) {
+      if (s == d) continue;
+      bool any = false;
+      for (int i = 0; i < G && !any; ++i)
+        for (int j = 0; j < G && !any; ++j) any = t(s * G + i, d * G + j) != 0;
+      if (any) {
+        ++sends_to[s];
+        ++receives_from[d];
+      }
+    }
+  for (int s = 0; s < S; ++s) lb.peer_degree = std::max({lb.peer_degree, sends_to[s], receives_from[s]});
   lb.scaleout_s = static_cast<double>(busiest) / (G * topo.scaleout_bandwidth());
   if (topo.scaleup() == scaleup_kind::switch_fabric) {
     bytes_t port = 0;
