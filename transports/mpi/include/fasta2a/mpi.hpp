@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <deque>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -645,6 +646,63 @@ inline two_tier_topology mpi_world_topology(int gpus_per_server, MPI_Comm comm =
     throw error("mpi_world_topology: " + std::to_string(size) + " MPI ranks are not a whole number of servers of " +
                 std::to_string(gpus_per_server) + " GPUs");
   return two_tier_topology(size / gpus_per_server, gpus_per_server, links);
+}
+
+/// Open MPI's TCP transport setting `btl_tcp_flags` in this process, read through the MPI tool
+/// interface (MPI_T control variables): whether it includes "put" (the bit MPI_T's enumeration of
+/// the variable names "put", else Open MPI's MCA_BTL_FLAGS_PUT, 2). Nothing where there is no such
+/// variable: another MPI, or Open MPI without its TCP transport loaded. Call after MPI_Init.
+inline std::optional<bool> mpi_btl_tcp_put() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return std::nullopt;
+  std::optional<bool> put;
+  int count = 0;
+  MPI_T_cvar_get_num(&count);
+  for (int i = 0; i < count && !put; ++i) {
+    char name[256], desc[8];
+    int name_len = sizeof(name), desc_len = sizeof(desc), verbosity = 0, bind = 0, scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
+    if (MPI_T_cvar_get_info(i, name, &name_len, &verbosity, &type, &enumtype, desc, &desc_len, &bind, &scope) !=
+            MPI_SUCCESS ||
+        std::strcmp(name, "btl_tcp_flags") != 0 || (type != MPI_UNSIGNED && type != MPI_INT))
+      continue;
+    unsigned bit = 0x2; // MCA_BTL_FLAGS_PUT in Open MPI 4 and 5
+    if (enumtype != MPI_T_ENUM_NULL) {
+      int items = 0, enum_len = 0;
+      char enum_name[64];
+      enum_len = sizeof(enum_name);
+      if (MPI_T_enum_get_info(enumtype, &items, enum_name, &enum_len) == MPI_SUCCESS)
+        for (int k = 0; k < items; ++k) {
+          int value = 0, len = sizeof(enum_name);
+          if (MPI_T_enum_get_item(enumtype, k, &value, enum_name, &len) == MPI_SUCCESS &&
+              std::strcmp(enum_name, "put") == 0)
+            bit = static_cast<unsigned>(value);
+        }
+    }
+    MPI_T_cvar_handle handle = nullptr;
+    int elements = 0;
+    if (MPI_T_cvar_handle_alloc(i, nullptr, &handle, &elements) != MPI_SUCCESS) continue;
+    unsigned value = 0;
+    if (elements == 1 && MPI_T_cvar_read(handle, &value) == MPI_SUCCESS) put = (value & bit) != 0;
+    MPI_T_cvar_handle_free(&handle);
+  }
+  MPI_T_finalize();
+  return put;
+}
+
+/// A line for start-up output when the MPI transport's speed depends on a launcher setting, else
+/// empty: Open MPI's TCP transport with "put" in btl_tcp_flags (Open MPI's default) sends large
+/// messages through an emulated-RDMA pipeline that the receiver drives, and the MPI transport's
+/// ranks sleep between polls while they wait, which stalls it (measured on the emulated cluster,
+/// examples/cluster/results/results-libfabric.md). Call after MPI_Init.
+inline std::string mpi_transport_setting_note() {
+  const std::optional<bool> put = mpi_btl_tcp_put();
+  if (!put || !*put) return {};
+  return "Open MPI's btl_tcp_flags includes \"put\" (its default): the MPI transport's large messages "
+         "between servers go through a pipeline that sleeping receivers stall; for its full speed launch with "
+         "--mca btl_tcp_flags send,inplace,need-ack,need-csum (or OMPI_MCA_btl_tcp_flags=...), or use the "
+         "libfabric transport, which does not depend on it";
 }
 
 /// The body of an MPI program's main: initialises MPI, runs body() (which returns the exit
