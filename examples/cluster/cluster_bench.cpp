@@ -78,7 +78,9 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          FASTA2A_FI_PROVIDER, default tcp;ofi_rxm; the cluster script pins each
                          rank's tcp provider to its NIC with FI_TCP_IFACE), scale-up still over MPI;
                          -fi-wfc forces the signal ordering "wait for the puts' completions"
-                         (where -fi takes the provider's order when it offers one)
+                         (where -fi takes the provider's order when it offers one); -whole (fast-whole)
+                         keeps the MPI transport's messages whole where Open MPI's TCP "put" pipeline
+                         is on (mpi_transport_options::avoid_tcp_put_pipeline off)
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
@@ -123,6 +125,7 @@ struct engine_method {
   bool adaptive = false;
   bool fi = false;  ///< scale-out over the libfabric transport (scale-up over MPI)
   bool wfc = false; ///< with fi: signal ordering wait_for_completion, whatever the provider offers
+  bool whole = false; ///< the MPI transport keeps messages whole (avoid_tcp_put_pipeline off)
 };
 
 /// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
@@ -130,7 +133,11 @@ struct engine_method {
 /// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
 /// faster. The "fast" forms are the method names of the recorded results and scripts.
 std::optional<engine_method> engine_method_of(std::string_view m) {
-  bool fi = false, wfc = false;
+  bool fi = false, wfc = false, whole = false;
+  if (m.ends_with("-whole")) {
+    whole = true;
+    m.remove_suffix(6);
+  }
   if (m.ends_with("-fi-wfc")) {
     fi = wfc = true;
     m.remove_suffix(7);
@@ -148,6 +155,7 @@ std::optional<engine_method> engine_method_of(std::string_view m) {
   if (e) {
     e->fi = fi;
     e->wfc = wfc;
+    e->whole = whole;
   }
   return e;
 }
@@ -401,9 +409,13 @@ public:
   /// The engine with decomposer D: scale-up over the MPI transport, scale-out over the MPI
   /// transport or (fi) the libfabric transport.
   template <fa::Decomposer D>
-  result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc) {
+  result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc,
+                    bool whole) {
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-    fa::mpi_transport tr(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = !whole});
+    if (me_ == 0 && tr.max_message_bytes() < (std::size_t{1} << 30))
+      std::fprintf(stderr, "cluster_bench: %s: the MPI transport cuts its messages at %zu bytes\n", method.c_str(),
+                   tr.max_message_bytes());
     if (!fi) return run_engine_on(method, std::move(dec), direct_if_faster_alpha, boot, tr, tr);
 #ifdef FASTA2A_HAVE_LIBFABRIC
     fa::libfabric_options fo;
@@ -498,7 +510,8 @@ int run(int argc, char** argv) {
   bench b(o, t, me, n);
   // Whether Open MPI's TCP transport runs its emulated-RDMA "put" pipeline (btl_tcp_flags), which
   // the MPI transport's sleeping receivers stall: said at start-up and kept in every JSON line.
-  const std::optional<bool> tcp_put = fa::mpi_btl_tcp_put();
+  const std::optional<fa::mpi_tcp_settings> tcp = fa::mpi_btl_tcp_settings();
+  const std::string tcp_put = !tcp ? "unknown" : tcp->put ? "yes" : "no";
   if (me == 0) {
     const std::string note = fa::mpi_transport_setting_note();
     if (!note.empty()) std::fprintf(stderr, "cluster_bench: note: %s\n", note.c_str());
@@ -513,7 +526,7 @@ int run(int argc, char** argv) {
       const std::optional<double> direct_if_faster_alpha =
           e.adaptive ? std::optional<double>(dp.scaleout.alpha_s) : std::nullopt;
       results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
-        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc);
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.whole);
       }));
     }
   }
