@@ -229,7 +229,7 @@ for r in rows:
     by.setdefault(r["workload"], OrderedDict()).setdefault(r["method"], []).append(r)
 names = {"mpi_alltoallv": "MPI_Alltoallv", "direct": "fasta2a direct", "spread-out": "fasta2a spread-out",
          "fast": "FAST (Birkhoff)", "fast-bottleneck": "FAST (bottleneck)", "fast-quantized": "FAST (quantized)",
-         "fast-adaptive": "FAST (adaptive)", "fast-whole": "FAST (Birkhoff), MPI messages kept whole"}
+         "fast-adaptive": "FAST (adaptive)", "fast-cut": "FAST (Birkhoff), MPI messages cut below the TCP put pipeline"}
 def base_of(m):  # the MPI-transport method a libfabric one (-fi, -fi-wfc) is the twin of
     for suffix in ("-fi-wfc", "-fi"):
         if m.endswith(suffix):

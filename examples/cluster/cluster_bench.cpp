@@ -78,9 +78,9 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          FASTA2A_FI_PROVIDER, default tcp;ofi_rxm; the cluster script pins each
                          rank's tcp provider to its NIC with FI_TCP_IFACE), scale-up still over MPI;
                          -fi-wfc forces the signal ordering "wait for the puts' completions"
-                         (where -fi takes the provider's order when it offers one); -whole (fast-whole)
-                         keeps the MPI transport's messages whole where Open MPI's TCP "put" pipeline
-                         is on (mpi_transport_options::avoid_tcp_put_pipeline off)
+                         (where -fi takes the provider's order when it offers one); -cut (fast-cut) has
+                         the MPI transport cut its messages below Open MPI's TCP "put" pipeline where
+                         that is on (mpi_transport_options::avoid_tcp_put_pipeline)
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
@@ -125,7 +125,7 @@ struct engine_method {
   bool adaptive = false;
   bool fi = false;  ///< scale-out over the libfabric transport (scale-up over MPI)
   bool wfc = false; ///< with fi: signal ordering wait_for_completion, whatever the provider offers
-  bool whole = false; ///< the MPI transport keeps messages whole (avoid_tcp_put_pipeline off)
+  bool cut = false; ///< the MPI transport cuts messages below Open MPI's TCP put pipeline (avoid_tcp_put_pipeline)
 };
 
 /// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
@@ -133,10 +133,10 @@ struct engine_method {
 /// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
 /// faster. The "fast" forms are the method names of the recorded results and scripts.
 std::optional<engine_method> engine_method_of(std::string_view m) {
-  bool fi = false, wfc = false, whole = false;
-  if (m.ends_with("-whole")) {
-    whole = true;
-    m.remove_suffix(6);
+  bool fi = false, wfc = false, cut = false;
+  if (m.ends_with("-cut")) {
+    cut = true;
+    m.remove_suffix(4);
   }
   if (m.ends_with("-fi-wfc")) {
     fi = wfc = true;
@@ -155,7 +155,7 @@ std::optional<engine_method> engine_method_of(std::string_view m) {
   if (e) {
     e->fi = fi;
     e->wfc = wfc;
-    e->whole = whole;
+    e->cut = cut;
   }
   return e;
 }
@@ -410,9 +410,9 @@ public:
   /// transport or (fi) the libfabric transport.
   template <fa::Decomposer D>
   result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc,
-                    bool whole) {
+                    bool cut) {
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-    fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = !whole});
+    fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = cut});
     if (me_ == 0 && tr.max_message_bytes() < (std::size_t{1} << 30))
       std::fprintf(stderr, "cluster_bench: %s: the MPI transport cuts its messages at %zu bytes\n", method.c_str(),
                    tr.max_message_bytes());
@@ -526,7 +526,7 @@ int run(int argc, char** argv) {
       const std::optional<double> direct_if_faster_alpha =
           e.adaptive ? std::optional<double>(dp.scaleout.alpha_s) : std::nullopt;
       results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
-        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.whole);
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.cut);
       }));
     }
   }

@@ -326,9 +326,11 @@ struct mpi_transport_options {
   /// Where Open MPI's TCP transport runs its receiver-driven "put" pipeline (btl_tcp_flags with
   /// put, its default; see mpi_tcp_settings) and max_message_bytes is left at its default, cut
   /// messages just below the pipeline's threshold, so that every message goes by send semantics
-  /// after one rendezvous, as it does without put. The constructor reads the setting (MPI_T) and
-  /// the ranks agree on the smallest cut (one MPI_Allreduce). Off: messages stay whole.
-  bool avoid_tcp_put_pipeline = true;
+  /// after one rendezvous, as it does without put. The constructor then reads the setting (MPI_T)
+  /// and the ranks agree on the smallest cut (one MPI_Allreduce). Off by default: on the emulated
+  /// cluster under Open MPI's defaults it did not help (Zipf 4 x 4, one run: 1.45 s cut, 1.27 s
+  /// whole; examples/cluster/results/results-libfabric.md), so the pipeline is not the whole story.
+  bool avoid_tcp_put_pipeline = false;
 };
 
 /// A two-sided Transport over MPI point-to-point. The transport holds its own duplicate of a
@@ -760,10 +762,10 @@ inline two_tier_topology mpi_world_topology(int gpus_per_server, MPI_Comm comm =
 inline std::string mpi_transport_setting_note() {
   const std::optional<mpi_tcp_settings> tcp = mpi_btl_tcp_settings();
   if (!tcp || !tcp->put) return {};
-  return "Open MPI's btl_tcp_flags includes \"put\" (its default): its messages of " +
+  return "Open MPI's btl_tcp_flags includes \"put\" (its default), under which the MPI transport between servers "
+         "was measured 1.1-1.3x slower than with --mca btl_tcp_flags send,inplace,need-ack,need-csum (its messages of " +
          std::to_string(tcp->rdma_pipeline_bytes) +
-         " bytes or more between servers go through a pipeline that sleeping receivers stall, so the MPI transport "
-         "cuts its messages below that (mpi_transport_options::avoid_tcp_put_pipeline)";
+         " bytes or more go through a receiver-driven pipeline); set that, or use the libfabric transport";
 }
 
 /// The body of an MPI program's main: initialises MPI, runs body() (which returns the exit
