@@ -25,8 +25,12 @@ int plan_command(const options& o);
 /// `fasta2a run --transport host`: every rank a thread of this process. Returns the exit status.
 int run_host_command(const options& o);
 
+/// `fasta2a run --transport verbs`: throws fasta2a::error saying why the verbs transport cannot
+/// run here (no RDMA device, or built without libibverbs).
+int run_verbs(const options& o);
+
 #ifdef FASTA2A_HAVE_MPI
-/// `fasta2a run --transport mpi`, between MPI_Init and MPI_Finalize: this process is one rank. An
+/// `fasta2a run --transport mpi` (and `--transport libfabric`: libfabric scale-out), between MPI_Init and MPI_Finalize: this process is one rank. An
 /// error on one rank may leave the others waiting in MPI, so it aborts the whole job (after saying
 /// what went wrong) rather than returning.
 int run_mpi(const options& o);

@@ -25,6 +25,7 @@ int run_run(const std::vector<std::string_view>& args) {
     return 0;
   }
   const options& o = *parsed;
+  if (o.transport == "verbs") return run_verbs(o); // exits 2 here, saying why
   if (o.bootstrap == "tcp") {
 #ifdef FASTA2A_HAVE_TCP_RUN
     if (o.transport != "libfabric")
@@ -39,12 +40,21 @@ int run_run(const std::vector<std::string_view>& args) {
     throw fa::error("--bootstrap mpi needs processes started by mpirun (--transport mpi), not --transport host");
 #ifdef FASTA2A_HAVE_MPI
   if (o.transport == "mpi") return run_mpi(o);
+#ifdef FASTA2A_HAVE_LIBFABRIC
+  if (o.transport == "libfabric") return run_mpi(o);
+#endif
 #endif
   if (o.transport == "libfabric")
     throw fa::error("--transport libfabric runs here with --bootstrap tcp (every process one rank, started without MPI)");
   if (o.transport != "host")
-    throw fa::error("--transport " + o.transport + " is not built into this fasta2a (host only)");
-  if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi");
+    throw fa::error("--transport " + o.transport + " is not built into this fasta2a (" +
+#ifdef FASTA2A_HAVE_MPI
+                    "host and mpi only: libfabric-dev was not found when it was built"
+#else
+                    "host only: MPI was not found when it was built"
+#endif
+                    + ")");
+  if (o.compare_mpi) throw fa::error("--compare-mpi needs --transport mpi or libfabric");
   return run_host_command(o);
 }
 

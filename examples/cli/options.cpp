@@ -109,6 +109,15 @@ Over MPI (this fasta2a is built with the MPI transport), every process is one ra
                           received byte with the engine's; its time is shown beside the engine's
   Times are the slowest rank's wall time per call after a barrier. The report adds
   mpi_alltoallv_s (null without --compare-mpi) and bytes_compared_mpi.
+  --transport libfabric   the same under mpirun (MPI bootstraps and carries scale-up inside a
+                          server), but scale-out between servers over libfabric RMA writes
+                          (fasta2a::libfabric_transport); the provider is printed at start-up.
+                          Only where this fasta2a is built with libfabric.
+  --fi-provider P         libfabric's provider: tcp;ofi_rxm, shm, verbs;ofi_rxm, efa, cxi
+                          (default: $FASTA2A_FI_PROVIDER, else tcp;ofi_rxm); libfabric's own
+                          variables apply (FI_TCP_IFACE=eth1 pins tcp to one interface)
+  --transport verbs       scale-out over libibverbs RC queue pairs: exits 2 saying why it cannot
+                          run here (no RDMA device, or built without libibverbs)
 )";
 #else
 const char* const mpi_run_usage = "";
@@ -208,7 +217,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       throw fa::error("option " + std::string(flag) + " given more than once");
     const bool run_only =
         flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window" ||
-        flag == "--dump-program" || flag == "--bootstrap";
+        flag == "--dump-program" || flag == "--bootstrap" || flag == "--fi-provider";
     const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
@@ -280,9 +289,13 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     else if (flag == "--svg") o.svg_path = std::string(value());
     else if (flag == "--transport") {
       const std::string_view v = value();
-      if (v != "host" && v != "mpi" && v != "libfabric")
-        throw fa::error("--transport expects host, mpi or libfabric, got '" + std::string(v) + "'");
+      if (v != "host" && v != "mpi" && v != "libfabric" && v != "verbs")
+        throw fa::error("--transport expects host, mpi, libfabric or verbs, got '" + std::string(v) + "'");
       o.transport = std::string(v);
+    } else if (flag == "--fi-provider") {
+      const std::string_view v = value();
+      if (v.empty()) throw fa::error("--fi-provider needs a provider name (tcp;ofi_rxm, shm, ...)");
+      o.fi_provider = std::string(v);
     } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rail-window") o.rail_window = static_cast<std::size_t>(parse_positive_int(flag, value()));
     else if (flag == "--dump-program") o.dump_program = static_cast<int>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
@@ -299,7 +312,12 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
   // Options that only mean something with another one are errors alone: silently ignoring
   // `--unit 8192` on a generator would print a plan of other traffic than the user asked for.
   // Under MPI the servers follow from the process count and --gpus.
-  if (o.servers == 0 && !(run && (o.transport == "mpi" || o.bootstrap == "tcp")))
+  // MPI-launched runs (mpi, libfabric, verbs) and --bootstrap tcp: the servers follow from the
+  // process count.
+  const bool launched = run && (o.transport != "host" || o.bootstrap == "tcp");
+  if (!o.fi_provider.empty() && o.transport != "libfabric")
+    throw fa::error("--fi-provider applies to --transport libfabric only, not to --transport " + o.transport);
+  if (o.servers == 0 && !launched)
     throw fa::error("--servers S is required (servers, at least 1)");
   if (o.gpus == 0) throw fa::error("--gpus G is required (GPUs per server, at least 1)");
   if (o.input == input_kind::none)

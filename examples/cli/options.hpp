@@ -63,7 +63,10 @@ struct options {
   std::string json_path, report_path, svg_path;
 
   // fasta2a run
-  std::string transport = "host";
+  std::string transport = "host"; // host, mpi, libfabric (MPI-launched, libfabric scale-out), verbs
+  /// --fi-provider: the libfabric provider of --transport libfabric (empty: FASTA2A_FI_PROVIDER,
+  /// else tcp;ofi_rxm).
+  std::string fi_provider;
   unsigned iters = 5;
   std::size_t rail_window = fa::engine_options{}.rail_window;
   bool compare_mpi = false;

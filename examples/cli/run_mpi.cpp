@@ -1,6 +1,9 @@
 // fasta2a CLI: `fasta2a run --transport mpi`, under mpirun. Every process is one rank of
 // MPI_COMM_WORLD and holds only its own buffers; optionally MPI_Alltoallv runs on the same buffers
 // and its received bytes are compared with the engine's. Built only where the MPI transport is.
+// `--transport libfabric` is the same run with the engine's scale-out over libfabric RMA
+// (fasta2a::libfabric_transport, one for the whole command); MPI still bootstraps and carries
+// scale-up inside a server (shared memory, as under --transport mpi).
 #include "commands.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -10,6 +13,10 @@
 #include <fasta2a/decompose.hpp>
 #include <fasta2a/engine.hpp>
 #include <fasta2a/mpi.hpp>
+#ifdef FASTA2A_HAVE_LIBFABRIC
+#include <fasta2a/coupled_progress.hpp>
+#include <fasta2a/libfabric.hpp>
+#endif
 #include <fasta2a/pattern.hpp>
 #include <fasta2a/registry.hpp>
 #include <fasta2a/topology.hpp>
@@ -22,6 +29,8 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -187,6 +196,7 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--bytes-per-rank", num(o.bytes_per_rank)},
           {"--seed", num(o.seed)},
           {"--transport", o.transport},
+          {"--fi-provider", o.fi_provider},
           {"--iters", num(o.iters)},
           {"--rail-window", num(o.rail_window)},
           {"--compare-mpi", num(o.compare_mpi)},
@@ -237,19 +247,25 @@ bytes_t sum_over_ranks(guarded_world& world, bytes_t x) {
   return x;
 }
 
-/// One warm-up and o.iters timed calls of the engine with decomposer D on the MPI transport,
-/// every received byte of every call checked; with `compare`, MPI_Alltoallv too.
-template <fa::Decomposer D>
-mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& topo, const fa::traffic_matrix& t,
-                           const options& o, bool compare, D dec = D(), bool dump = false) {
+#ifdef FASTA2A_HAVE_LIBFABRIC
+using fabric = fa::libfabric_transport;
+#else
+struct fabric {}; // never made: --transport libfabric is refused where libfabric is not built
+#endif
+
+/// One warm-up and o.iters timed calls of the engine with decomposer D, scale-up over `up` (the
+/// MPI transport), scale-out over `out` (the same, or libfabric), every received byte of every
+/// call checked; with `compare`, MPI_Alltoallv too.
+template <fa::Decomposer D, class Up, class Out>
+mpi_figures run_engine_on(guarded_world& world, const fa::two_tier_topology& topo, const fa::traffic_matrix& t,
+                          const options& o, bool compare, D dec, bool dump, fa::mpi_bootstrap& boot, Up& up,
+                          Out& out) {
   using clock = std::chrono::steady_clock;
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport tr(MPI_COMM_WORLD);
-  fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
-      topo, boot, tr, tr, engine_options_of(o), dec);
+  fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, Up, Out, D> eng(
+      topo, boot, up, out, engine_options_of(o), dec);
   const fa::packed_layout l(t, me);
   std::vector<std::byte> send(l.send_bytes), recv(l.recv_bytes);
   l.fill(send, me);
@@ -309,6 +325,29 @@ mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& to
   return f;
 }
 
+/// run_engine_on with a fresh MPI transport for scale-up, and for scale-out unless `fab` is given
+/// (the command's libfabric transport: its connections count signals apart, engine by engine).
+template <fa::Decomposer D>
+mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& topo, const fa::traffic_matrix& t,
+                           const options& o, bool compare, fabric* fab, D dec = D(), bool dump = false) {
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+  fa::mpi_transport tr(MPI_COMM_WORLD);
+#ifdef FASTA2A_HAVE_LIBFABRIC
+  if (fab != nullptr) {
+    // Both tiers need this rank's progress (MPI's shared memory: the receiver copies; tcp;ofi_rxm:
+    // manual progress): while the engine blocks in the MPI transport, libfabric is driven too.
+    auto pump = fab->connect(1);
+    fa::progress_coupled<fa::mpi_transport> up(tr, boot.size(), [&] {
+      pump.test(boot.rank(), 0, std::numeric_limits<std::uint64_t>::max());
+    });
+    return run_engine_on(world, topo, t, o, compare, std::move(dec), dump, boot, up, *fab);
+  }
+#else
+  static_cast<void>(fab);
+#endif
+  return run_engine_on(world, topo, t, o, compare, std::move(dec), dump, boot, tr, tr);
+}
+
 /// `fasta2a run --transport mpi`: this process is one rank of MPI_COMM_WORLD.
 int run_mpi_command(const options& o) {
   int me = 0, n = 1;
@@ -327,6 +366,19 @@ int run_mpi_command(const options& o) {
     return engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
   });
   for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, me, 1, engine_bytes, "this rank's machine");
+  // --transport libfabric: one libfabric transport for the whole command (collective: endpoint
+  // names are allgathered over MPI), the provider from --fi-provider or FASTA2A_FI_PROVIDER.
+  fa::mpi_bootstrap fab_boot(MPI_COMM_WORLD);
+  std::unique_ptr<fabric> fab;
+  std::string scaleout = "MPI transport";
+#ifdef FASTA2A_HAVE_LIBFABRIC
+  if (o.transport == "libfabric") {
+    fab = std::make_unique<fabric>(fab_boot, fa::libfabric_options{.provider = o.fi_provider});
+    scaleout = fab->describe();
+  }
+#endif
+  // Said at start-up where the MPI transport's speed depends on Open MPI's btl_tcp_flags.
+  const std::string note = o.transport == "mpi" ? fa::mpi_transport_setting_note() : std::string();
   std::ofstream report;
   if (me == 0 && !o.report_path.empty()) {
     report.open(o.report_path, std::ios::binary | std::ios::trunc);
@@ -334,9 +386,11 @@ int run_mpi_command(const options& o) {
   }
   if (me == 0)
     std::cout << "# fasta2a run: " << topo.servers() << " servers x " << topo.gpus_per_server()
-              << " GPUs as " << n << " MPI processes (MPI transport); decomposer " << o.decomposer
+              << " GPUs as " << n << " MPI processes; scale-up: MPI transport; scale-out: " << scaleout
+              << "\n# decomposer " << o.decomposer
               << ", granule " << o.granule << " B\n"
               << "# input: " << input_description(o) << "\n"
+              << (note.empty() ? std::string() : "# note: " + note + "\n")
               << "# call, direct" << (o.compare_mpi ? ", MPI_Alltoallv" : "")
               << ": the slowest rank's wall time per all-to-allv (median of " << o.iters
               << " after a warm-up), every received byte checked\n"
@@ -350,9 +404,9 @@ int run_mpi_command(const options& o) {
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const mpi_figures fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
-      return run_mpi_engine(world, topo, t, o, o.compare_mpi, dec, true);
+      return run_mpi_engine(world, topo, t, o, o.compare_mpi, fab.get(), dec, true);
     });
-    const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(world, topo, t, o, false);
+    const mpi_figures direct = run_mpi_engine<fa::direct_decomposer>(world, topo, t, o, false, fab.get());
     all_checked += fast.checked + direct.checked;
     all_compared += fast.compared;
     if (me != 0) continue;
@@ -386,6 +440,12 @@ int run_mpi_command(const options& o) {
     std::cout << ", all correct\n";
     std::cout.flush();
   }
+#ifdef FASTA2A_HAVE_LIBFABRIC
+  if (fab) {
+    fab->quiesce();               // this rank's writes and signals have all completed
+    world.barrier("closing the libfabric endpoints"); // and every rank's, before any endpoint closes
+  }
+#endif
   return 0;
 }
 

@@ -15,7 +15,15 @@
 #     --methods LIST                     cluster_bench's methods (default mpi,direct,spread-out,fast,
 #                                        fast-bottleneck,fast-adaptive: FAST with exact Birkhoff, with
 #                                        max-min matchings, and Birkhoff with the engine's direct
-#                                        fallback where its model predicts direct sending faster)
+#                                        fallback where its model predicts direct sending faster);
+#                                        with the suffix -fi (fast-fi, fast-adaptive-fi) the engine's
+#                                        scale-out is the libfabric transport (tcp;ofi_rxm, each rank's
+#                                        provider pinned to its own NIC), -fi-wfc the same with signals
+#                                        posted after the puts' completions
+#     --tcp-flags "SET ..."              run every job once per Open MPI btl_tcp_flags setting, one
+#                                        after the other (interleaved): tuned (cluster.sh's), default
+#                                        (Open MPI's own, as a plain mpirun), or a flag list; the
+#                                        workload label gets " [tcp: SET]" (default: tuned only, no label)
 #     --rail-window W                    the engine's rail stages in flight per sender (default: the
 #                                        engine's, 5)
 #     --alpha-ms A                       fast-adaptive's cost of one stage (default 5)
@@ -46,7 +54,7 @@ uniform_bytes=64MiB zipf_bytes=16MiB hotspot_bytes=8MiB megatron_unit=4096
 trace=$ROOT/../shared/workloads/megatron-4n-32gpu.txt
 svg_workload="zipf(1.00)"
 methods=mpi,direct,spread-out,fast,fast-bottleneck,fast-adaptive
-bench='' out='' short=0 report_only=0 extra=()
+bench='' out='' short=0 report_only=0 extra=() tcp_sets=
 
 skip() { echo "bench_cluster.sh: SKIP: $*"; exit 77; }
 die() { echo "bench_cluster.sh: error: $*" >&2; exit 2; }
@@ -66,6 +74,7 @@ while (($#)); do
     --megatron-unit) megatron_unit=$2; shift 2 ;;
     --trace) trace=$2; shift 2 ;;
     --methods) methods=$2; shift 2 ;;
+    --tcp-flags) tcp_sets=$2; shift 2 ;;
     --rail-window) extra+=(--rail-window "$2"); shift 2 ;;
     --alpha-ms) extra+=(--alpha-ms "$2"); shift 2 ;;
     --svg-workload) svg_workload=$2; shift 2 ;;
@@ -153,10 +162,17 @@ for w in "${wl[@]}"; do
   esac
 done
 
+read -r -a flag_sets <<<"${tcp_sets:-tuned}"
 for ((run = 1; run <= runs; ++run)); do
   for spec in "${specs[@]}"; do
+  for flag_set in "${flag_sets[@]}"; do
     label=${spec%%|*}
     args=${spec#*|}
+    [[ -n $tcp_sets ]] && label="$label [tcp: $flag_set]"
+    case $flag_set in
+      tuned) unset FASTA2A_TCP_FLAGS ;;
+      *) export FASTA2A_TCP_FLAGS=$flag_set ;;
+    esac
     file=$out/raw/$(echo "$label" | tr -c 'A-Za-z0-9\n' '_')-run$run
     load_before=$(cut -d' ' -f1 /proc/loadavg)
     sample=0
@@ -183,17 +199,19 @@ for ((run = 1; run <= runs; ++run)); do
     grep '^cluster_bench: .*median' "$file.err" | sed 's/^cluster_bench: /  /' || true
     echo "  ($(($(date +%s) - start)) s; load average $load_before -> $load_after)"
     # Every method's line, with the run number and the machine's load around it.
-    python3 - "$file.jsonl" "$run" "$load_before" "$load_after" >>"$out/results.jsonl" <<'EOF'
+    python3 - "$file.jsonl" "$run" "$load_before" "$load_after" "$flag_set" >>"$out/results.jsonl" <<'EOF'
 import json, sys
-path, run, lb, la = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+path, run, lb, la, flags = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 for line in open(path):
     if line.startswith("{"):
         r = json.loads(line)
         r["run"] = run
         r["loadavg_before"] = lb
         r["loadavg_after"] = la
+        r["btl_tcp_flags"] = flags
         print(json.dumps(r))
 EOF
+  done
   done
 done
 fi
@@ -211,10 +229,20 @@ for r in rows:
     by.setdefault(r["workload"], OrderedDict()).setdefault(r["method"], []).append(r)
 names = {"mpi_alltoallv": "MPI_Alltoallv", "direct": "fasta2a direct", "spread-out": "fasta2a spread-out",
          "fast": "FAST (Birkhoff)", "fast-bottleneck": "FAST (bottleneck)", "fast-quantized": "FAST (quantized)",
-         "fast-adaptive": "FAST (adaptive)"}
+         "fast-adaptive": "FAST (adaptive)", "fast-cut": "FAST (Birkhoff), MPI messages cut below the TCP put pipeline"}
+def base_of(m):  # the MPI-transport method a libfabric one (-fi, -fi-wfc) is the twin of
+    for suffix in ("-fi-wfc", "-fi"):
+        if m.endswith(suffix):
+            return m[: -len(suffix)]
+    return None
+def name_of(m):
+    b = base_of(m)
+    if b is None:
+        return names.get(m, m)
+    return names.get(b, b) + (" over libfabric" if m.endswith("-fi") else " over libfabric, signal after completions")
 def shown(m, rs):
     ran = sorted({r.get("executed", "") for r in rs} - {""})
-    return names.get(m, m) + (f" [ran: {', '.join(ran)}]" if m == "fast-adaptive" and ran else "")
+    return name_of(m) + (f" [ran: {', '.join(ran)}]" if (base_of(m) or m) == "fast-adaptive" and ran else "")
 mib = 1024.0 * 1024.0
 runs = max(r["run"] for r in rows)
 print(f"Measured on {S} servers x {G} ranks, {rate:g} Mbit/s per NIC each way; per run the median of {iters} "
@@ -240,6 +268,23 @@ for w, methods in by.items():
         nic_rx = f"{statistics.median(rx) / mib:.1f} / {statistics.median(rxm) / mib:.1f}" if rx else "-"
         print(f"| {w} | {shown(m, rs)} | {med:.3f} | {each} | {med / lbs:.2f} | {med / lbg:.2f} | "
               f"{mpi_med / med:.2f} | {rs[0]['stages']} | {nic_tx} | {nic_rx} |")
+    # The libfabric methods (issue 11): no more than 5% slower than the same engine over the MPI
+    # transport, Zipf at least 3.0x over MPI_Alltoallv, skewed workloads within 1.10 of LB_server.
+    for fm, rs in methods.items():
+        b = base_of(fm)
+        if b is None:
+            continue
+        fi_med = statistics.median(r["median_s"] for r in rs)
+        lbs = rs[0]["lb_server_s"]
+        if b in methods:
+            base_med = statistics.median(r["median_s"] for r in methods[b])
+            targets.append((w, f"{name_of(fm)}: time / {names.get(b, b)} over MPI <= 1.05",
+                            f"{fi_med / base_med:.3f}", fi_med / base_med <= 1.05))
+        if w.startswith("zipf"):
+            targets.append((w, f"{name_of(fm)}: speedup over MPI_Alltoallv >= 3.0x", f"{mpi_med / fi_med:.2f}x",
+                            mpi_med / fi_med >= 3.0))
+        if not w.startswith("uniform"):
+            targets.append((w, f"{name_of(fm)}: time / LB_server <= 1.10", f"{fi_med / lbs:.2f}", fi_med / lbs <= 1.10))
     for fm in ("fast", "fast-bottleneck", "fast-adaptive"):
         if fm not in methods:
             continue
@@ -247,7 +292,7 @@ for w, methods in by.items():
         lbs = methods[fm][0]["lb_server_s"]
         speed = mpi_med / fast_med
         need = 2.5 if w.startswith("zipf") else 1.5 if w.startswith("megatron") else 0.95 if w == "uniform" else None
-        who = names[fm]
+        who = name_of(fm)
         if need is not None:
             # The most any method can gain: MPI_Alltoallv's time over LB_server.
             best = f" (at LB_server: {mpi_med / lbs:.2f}x)" if need > 1 else ""

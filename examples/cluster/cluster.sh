@@ -31,7 +31,8 @@
 # namespaces and the state directory; FASTA2A_CLUSTER_NET (default 10.77) is the /16 it uses;
 # FASTA2A_MPIRUN_ARGS adds arguments to mpirun; FASTA2A_VADER_SINGLE_COPY picks how shared memory
 # moves large messages inside a server (default cma: one copy, by the receiver; none: two copies).
-# FASTA2A_TCP_FLAGS sets Open MPI's btl_tcp_flags. The default leaves out "put": with it, a large
+# FASTA2A_TCP_FLAGS sets Open MPI's btl_tcp_flags ("default": not set at all, Open MPI's own default,
+# which is what a plain mpirun gets). The default here leaves out "put": with it, a large
 # point-to-point message over TCP uses an emulated-RDMA pipeline that the receiver drives, and with
 # ranks that sleep between polls its transfers stall (measured on 4 x 4 uniform, 64 MiB per rank:
 # MPI_Isend/MPI_Irecv 3.61 s with put, 2.09 s without; MPI_Ialltoallv 2.12 s either way). One cluster at a time per machine is the supported
@@ -154,9 +155,11 @@ EOF
 write_rank_wrapper() {
   cat >"$STATE_DIR/rank-wrapper" <<'EOF'
 #!/bin/sh
-# Per-rank environment of the fasta2a emulated cluster: rank (s, k) talks TCP only over nic<k>.
+# Per-rank environment of the fasta2a emulated cluster: rank (s, k) talks TCP only over nic<k>,
+# through Open MPI's TCP transport and through libfabric's tcp provider alike.
 k=${OMPI_COMM_WORLD_LOCAL_RANK:?not started by Open MPI}
 export OMPI_MCA_btl_tcp_if_include=nic$k
+export FI_TCP_IFACE=nic$k
 export FASTA2A_NIC=nic$k
 exec "$@"
 EOF
@@ -282,17 +285,19 @@ cmd_run() {
   trap cleanup_run EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  local extra=()
+  local extra=() flags=()
   # shellcheck disable=SC2206
   [[ -n ${FASTA2A_MPIRUN_ARGS:-} ]] && extra=(${FASTA2A_MPIRUN_ARGS})
+  # "default": Open MPI's own btl_tcp_flags (not passed at all), as under a plain mpirun.
+  local tcp_flags=${FASTA2A_TCP_FLAGS:-send,inplace,need-ack,need-csum}
+  [[ $tcp_flags == default ]] || flags=(--mca btl_tcp_flags "$tcp_flags")
   # mpirun runs in the background so that the traps run at once on a signal.
   mpirun --allow-run-as-root --oversubscribe --bind-to none \
     -np $((S * G)) --hostfile "$STATE_DIR/hostfile" --map-by "ppr:$G:node" \
     --mca plm_rsh_agent "$STATE_DIR/rsh-agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$NET.0.0/16" --mca btl self,vader,tcp \
     --mca btl_vader_single_copy_mechanism "${FASTA2A_VADER_SINGLE_COPY:-cma}" --mca mpi_yield_when_idle 1 \
-    --mca btl_tcp_flags "${FASTA2A_TCP_FLAGS:-send,inplace,need-ack,need-csum}" \
-    "${extra[@]}" "$STATE_DIR/rank-wrapper" "$@" &
+    "${flags[@]}" "${extra[@]}" "$STATE_DIR/rank-wrapper" "$@" &
   MPIRUN_PID=$!
   local rc=0
   wait "$MPIRUN_PID" || rc=$?

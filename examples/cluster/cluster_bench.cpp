@@ -21,6 +21,10 @@
 #include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/mpi.hpp>
+#ifdef FASTA2A_HAVE_LIBFABRIC
+#include <fasta2a/coupled_progress.hpp>
+#include <fasta2a/libfabric.hpp>
+#endif
 #include <fasta2a/pattern.hpp>
 #include <fasta2a/registry.hpp>
 #include <fasta2a/traffic.hpp>
@@ -34,6 +38,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -67,7 +72,15 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          order 0..N-1, as the engine's direct plan posts them) and isend-rotated
                          (posted from rank me+1 on, so that senders start on different receivers)
                          fast-adaptive (exact Birkhoff, but direct sending wherever the engine's
-                         model predicts it faster: plan_options::direct_if_faster_alpha)
+                         model predicts it faster: plan_options::direct_if_faster_alpha);
+                         any engine method with the suffix -fi (fast-fi, fast-adaptive-fi) runs the
+                         same engine with the libfabric transport as scale-out (provider from
+                         FASTA2A_FI_PROVIDER, default tcp;ofi_rxm; the cluster script pins each
+                         rank's tcp provider to its NIC with FI_TCP_IFACE), scale-up still over MPI;
+                         -fi-wfc forces the signal ordering "wait for the puts' completions"
+                         (where -fi takes the provider's order when it offers one); -cut (fast-cut) has
+                         the MPI transport cut its messages below Open MPI's TCP "put" pipeline where
+                         that is on (mpi_transport_options::avoid_tcp_put_pipeline)
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
@@ -110,6 +123,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 struct engine_method {
   std::string decomposer;
   bool adaptive = false;
+  bool fi = false;  ///< scale-out over the libfabric transport (scale-up over MPI)
+  bool wfc = false; ///< with fi: signal ordering wait_for_completion, whatever the provider offers
+  bool cut = false; ///< the MPI transport cuts messages below Open MPI's TCP put pipeline (avoid_tcp_put_pipeline)
 };
 
 /// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
@@ -117,11 +133,31 @@ struct engine_method {
 /// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
 /// faster. The "fast" forms are the method names of the recorded results and scripts.
 std::optional<engine_method> engine_method_of(std::string_view m) {
-  if (m == "fast") return engine_method{"birkhoff"};
-  if (m == "fast-adaptive") return engine_method{"birkhoff", true};
-  if (m.starts_with("fast-")) m.remove_prefix(5);
-  if (fa::is_decomposer_name(m)) return engine_method{std::string(m)};
-  return std::nullopt;
+  bool fi = false, wfc = false, cut = false;
+  if (m.ends_with("-cut")) {
+    cut = true;
+    m.remove_suffix(4);
+  }
+  if (m.ends_with("-fi-wfc")) {
+    fi = wfc = true;
+    m.remove_suffix(7);
+  } else if (m.ends_with("-fi")) {
+    fi = true;
+    m.remove_suffix(3);
+  }
+  std::optional<engine_method> e;
+  if (m == "fast") e = engine_method{"birkhoff"};
+  else if (m == "fast-adaptive") e = engine_method{"birkhoff", true};
+  else {
+    if (m.starts_with("fast-")) m.remove_prefix(5);
+    if (fa::is_decomposer_name(m)) e = engine_method{std::string(m)};
+  }
+  if (e) {
+    e->fi = fi;
+    e->wfc = wfc;
+    e->cut = cut;
+  }
+  return e;
 }
 
 options parse(int argc, char** argv) {
@@ -160,7 +196,13 @@ options parse(int argc, char** argv) {
   for (const std::string& m : o.methods)
     if (m != "mpi" && m != "isend" && m != "isend-rotated" && !engine_method_of(m))
       throw fa::error("--methods: unknown method '" + m + "' (mpi, isend, isend-rotated, fast, fast-adaptive, or a " +
-                      "decomposer, possibly as fast-NAME: " + fa::decomposer_names_text() + ")");
+                      "decomposer, possibly as fast-NAME: " + fa::decomposer_names_text() + "; any of these engine " +
+                      "methods with -fi or -fi-wfc for libfabric scale-out)");
+#ifndef FASTA2A_HAVE_LIBFABRIC
+  for (const std::string& m : o.methods)
+    if (const auto e = engine_method_of(m); e && e->fi)
+      throw fa::error("--methods: " + m + " needs the libfabric transport, which this cluster_bench is built without");
+#endif
   if (o.workload == "megatron" && o.matrix.empty()) throw fa::error("--workload megatron needs --matrix FILE");
   if (o.label.empty()) {
     if (o.workload == "megatron") o.label = "megatron[" + std::to_string(o.index) + "]";
@@ -254,6 +296,7 @@ struct result {
   std::vector<double> nic_tx, nic_rx;               // per rank, bytes per timed call
   fa::call_stats stats{};                           // rank 0's breakdown of the last call
   std::string executed;                             // the plan that ran: its decomposer ("direct" if adaptive chose it)
+  std::string transport = "mpi";                    // the scale-out transport (libfabric: its describe())
 };
 
 class bench {
@@ -363,18 +406,50 @@ public:
     });
   }
 
+  /// The engine with decomposer D: scale-up over the MPI transport, scale-out over the MPI
+  /// transport or (fi) the libfabric transport.
   template <fa::Decomposer D>
-  result run_engine(const std::string& method, D dec = D{}, std::optional<double> direct_if_faster_alpha = {}) {
+  result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc,
+                    bool cut) {
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = cut});
+    if (me_ == 0 && tr.max_message_bytes() < (std::size_t{1} << 30))
+      std::fprintf(stderr, "cluster_bench: %s: the MPI transport cuts its messages at %zu bytes\n", method.c_str(),
+                   tr.max_message_bytes());
+    if (!fi) return run_engine_on(method, std::move(dec), direct_if_faster_alpha, boot, tr, tr);
+#ifdef FASTA2A_HAVE_LIBFABRIC
+    fa::libfabric_options fo;
+    if (wfc) fo.ordering = fa::fi_signal_ordering::wait_for_completion;
+    fo.timeout = call_timeout;
+    fa::libfabric_transport fab(boot, fo);
+    if (me_ == 0) std::fprintf(stderr, "cluster_bench: %s: scale-out over %s\n", method.c_str(), fab.describe().c_str());
+    // Both tiers need this rank's progress (MPI's shared memory: the receiver copies; tcp;ofi_rxm:
+    // manual progress): while the engine blocks in the MPI transport, libfabric is driven too.
+    auto pump = fab.connect(1);
+    fa::progress_coupled<fa::mpi_transport> up(
+        tr, n_, [&] { pump.test(me_, 0, std::numeric_limits<std::uint64_t>::max()); }, fa::wait_policy{}, call_timeout);
+    result r = run_engine_on(method, std::move(dec), direct_if_faster_alpha, boot, up, fab);
+    r.transport = fab.describe();
+    fab.quiesce();
+    barrier(); // every rank has drained its endpoint before any closes it
+    return r;
+#else
+    static_cast<void>(wfc);
+    throw fa::error(method + ": built without the libfabric transport");
+#endif
+  }
+
+  template <fa::Decomposer D, class Up, class Out>
+  result run_engine_on(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha,
+                       fa::mpi_bootstrap& boot, Up& tr, Out& out) {
     // The engine's model sees this network: the shaped NIC rate (what best-of and adaptive
     // choices weigh), scale-up left at the H200 default (shared memory is far faster than a NIC).
     const double b_out = o_.rate_mbit * 1e6 / 8;
     const fa::two_tier_topology topo(n_ / o_.gpus, o_.gpus, fa::link_model{fa::scaleup_kind::switch_fabric, 450e9, b_out});
-    // Each engine has its own transport: a transport counts signals over its lifetime, an engine
-    // over its own calls.
-    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-    fa::mpi_transport tr(MPI_COMM_WORLD);
-    fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, fa::mpi_transport, fa::mpi_transport, D> eng(
-        topo, boot, tr, tr,
+    // Each engine has its own transports (run_engine makes them): a transport counts signals over
+    // its lifetime, an engine over its own calls.
+    fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, Up, Out, D> eng(
+        topo, boot, tr, out,
         {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha},
          .timeout = call_timeout,
          .rail_window = o_.rail_window},
@@ -433,6 +508,14 @@ int run(int argc, char** argv) {
   // benchmark compares schedules, and reports planning time apart (plan_s).
   const fa::decomposer_params dp{.scaleout = {.alpha_s = o.alpha_s, .bandwidth = b_out}, .quantum = fa::quantum_rule::search};
   bench b(o, t, me, n);
+  // Whether Open MPI's TCP transport runs its emulated-RDMA "put" pipeline (btl_tcp_flags), which
+  // the MPI transport's sleeping receivers stall: said at start-up and kept in every JSON line.
+  const std::optional<fa::mpi_tcp_settings> tcp = fa::mpi_btl_tcp_settings();
+  const std::string tcp_put = !tcp ? "unknown" : tcp->put ? "yes" : "no";
+  if (me == 0) {
+    const std::string note = fa::mpi_transport_setting_note();
+    if (!note.empty()) std::fprintf(stderr, "cluster_bench: note: %s\n", note.c_str());
+  }
   std::vector<result> results;
   for (const std::string& m : o.methods) {
     if (me == 0) std::fprintf(stderr, "cluster_bench: %s: %s ...\n", o.label.c_str(), m.c_str());
@@ -443,7 +526,7 @@ int run(int argc, char** argv) {
       const std::optional<double> direct_if_faster_alpha =
           e.adaptive ? std::optional<double>(dp.scaleout.alpha_s) : std::nullopt;
       results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
-        return b.run_engine(m, std::move(dec), direct_if_faster_alpha);
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.cut);
       }));
     }
   }
@@ -485,6 +568,8 @@ int run(int argc, char** argv) {
         .field("exchange_s", r.stats.exchange_s)
         .field("execute_s", r.stats.execute_s)
         .field("executed", r.executed)
+        .field("scaleout_transport", r.transport)
+        .field("btl_tcp_put", tcp_put)
         .end_object();
     std::printf("%s\n", line.c_str());
     std::fprintf(stderr, "cluster_bench: %-14s %-14s median %8.3f s  %5.2fx LB_server  %5.2fx LB_gpu  %5.2fx vs MPI\n",

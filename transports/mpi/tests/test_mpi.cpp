@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,6 +205,27 @@ TEST_CASE("mpi_transport.handles are 16 bytes and checked on the way in") {
   CHECK_NOTHROW(tr.register_memory(nullptr, 0));
   CHECK(contains(error_of([] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
                  "max_message_bytes"));
+}
+
+TEST_CASE("mpi_transport.messages are cut below Open MPI's TCP put pipeline exactly where it is on") {
+  // btl_tcp_flags as this job's launcher set it (Open MPI's default includes put): with
+  // avoid_tcp_put_pipeline the cut follows what MPI_T reads, an explicit max_message_bytes wins,
+  // and by default messages stay whole.
+  const std::optional<fa::mpi_tcp_settings> tcp = fa::mpi_btl_tcp_settings();
+  CAPTURE(tcp.has_value());
+  const fa::mpi_transport automatic(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = true});
+  if (tcp && tcp->put) {
+    CHECK(tcp->rdma_pipeline_bytes >= 65536);
+    CHECK(automatic.max_message_bytes() == tcp->rdma_pipeline_bytes - 1);
+    CHECK(fa::mpi_transport_setting_note().find("put") != std::string::npos);
+  } else {
+    CHECK(automatic.max_message_bytes() == fa::detail::mpi_int_max);
+    CHECK(fa::mpi_transport_setting_note().empty());
+  }
+  const fa::mpi_transport whole(MPI_COMM_WORLD);
+  CHECK(whole.max_message_bytes() == fa::detail::mpi_int_max);
+  const fa::mpi_transport chosen(MPI_COMM_WORLD, {.max_message_bytes = 5000, .avoid_tcp_put_pipeline = true});
+  CHECK(chosen.max_message_bytes() == 5000);
 }
 
 TEST_CASE("mpi_transport.puts land real bytes at their offsets, large, small, zero-byte and split") {

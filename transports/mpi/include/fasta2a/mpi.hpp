@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <deque>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -220,6 +221,96 @@ private:
 static_assert(Bootstrap<mpi_bootstrap>);
 
 // ---------------------------------------------------------------------------------------------
+// Open MPI's TCP transport settings, read through the MPI tool interface
+// ---------------------------------------------------------------------------------------------
+
+/// What this process's Open MPI TCP transport (BTL) does with large messages, read through the
+/// MPI tool interface (MPI_T control variables) after MPI_Init. With "put" in `btl_tcp_flags`
+/// (Open MPI's default), a message of at least `rdma_pipeline_bytes` goes through an emulated-RDMA
+/// pipeline that the receiver drives, fragment by fragment; receivers that sleep between polls (the
+/// transport's waits, the engine's idle loop) stall it. Without "put", or below that size, a
+/// message is sent in fragments after one rendezvous.
+struct mpi_tcp_settings {
+  bool put = false;                  ///< btl_tcp_flags includes "put"
+  std::size_t rdma_pipeline_bytes = 0; ///< smallest message that uses the pipeline (with put)
+};
+
+namespace detail {
+
+/// The value of the MPI_T control variable `name` (an integer, one element), and through `bit`
+/// the value of its enumeration's item `item` if it has one. Nothing where it is not there.
+inline std::optional<unsigned long long> mpi_cvar(const char* name, const char* item = nullptr,
+                                                  unsigned long long* bit = nullptr) {
+  int count = 0;
+  if (MPI_T_cvar_get_num(&count) != MPI_SUCCESS) return std::nullopt;
+  for (int i = 0; i < count; ++i) {
+    char found[256], desc[8];
+    int name_len = sizeof(found), desc_len = sizeof(desc), verbosity = 0, bind = 0, scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
+    if (MPI_T_cvar_get_info(i, found, &name_len, &verbosity, &type, &enumtype, desc, &desc_len, &bind, &scope) !=
+            MPI_SUCCESS ||
+        std::strcmp(found, name) != 0)
+      continue;
+    if (item != nullptr && bit != nullptr && enumtype != MPI_T_ENUM_NULL) {
+      int items = 0;
+      char text[64];
+      int len = sizeof(text);
+      if (MPI_T_enum_get_info(enumtype, &items, text, &len) == MPI_SUCCESS)
+        for (int k = 0; k < items; ++k) {
+          int value = 0;
+          len = sizeof(text);
+          if (MPI_T_enum_get_item(enumtype, k, &value, text, &len) == MPI_SUCCESS && std::strcmp(text, item) == 0)
+            *bit = static_cast<unsigned long long>(value);
+        }
+    }
+    MPI_T_cvar_handle handle = nullptr;
+    int elements = 0;
+    if (MPI_T_cvar_handle_alloc(i, nullptr, &handle, &elements) != MPI_SUCCESS) return std::nullopt;
+    std::optional<unsigned long long> out;
+    if (elements == 1) {
+      if (type == MPI_INT || type == MPI_UNSIGNED) {
+        unsigned v = 0;
+        if (MPI_T_cvar_read(handle, &v) == MPI_SUCCESS) out = v;
+      } else if (type == MPI_UNSIGNED_LONG || type == MPI_LONG) {
+        unsigned long v = 0;
+        if (MPI_T_cvar_read(handle, &v) == MPI_SUCCESS) out = v;
+      } else if (type == MPI_UNSIGNED_LONG_LONG || type == MPI_LONG_LONG) {
+        unsigned long long v = 0;
+        if (MPI_T_cvar_read(handle, &v) == MPI_SUCCESS) out = v;
+      }
+    }
+    MPI_T_cvar_handle_free(&handle);
+    return out;
+  }
+  return std::nullopt;
+}
+
+} // namespace detail
+
+/// Open MPI's TCP transport settings of this process (see mpi_tcp_settings); nothing where there
+/// is no `btl_tcp_flags` variable (another MPI, or Open MPI without its TCP transport). Call after
+/// MPI_Init.
+inline std::optional<mpi_tcp_settings> mpi_btl_tcp_settings() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return std::nullopt;
+  std::optional<mpi_tcp_settings> out;
+  unsigned long long put_bit = 0x2; // MCA_BTL_FLAGS_PUT in Open MPI 4 and 5, unless the enumeration says
+  if (const auto flags = detail::mpi_cvar("btl_tcp_flags", "put", &put_bit)) {
+    mpi_tcp_settings t;
+    t.put = (*flags & put_bit) != 0;
+    // Open MPI raises the pipeline's threshold to at least eager limit + pipeline send length.
+    const unsigned long long min_size = detail::mpi_cvar("btl_tcp_min_rdma_pipeline_size").value_or(196608);
+    const unsigned long long floor = detail::mpi_cvar("btl_tcp_eager_limit").value_or(65536) +
+                                     detail::mpi_cvar("btl_tcp_rdma_pipeline_send_length").value_or(131072);
+    t.rdma_pipeline_bytes = static_cast<std::size_t>(std::max(min_size, floor));
+    out = t;
+  }
+  MPI_T_finalize();
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Transport
 // ---------------------------------------------------------------------------------------------
 
@@ -232,6 +323,14 @@ struct mpi_transport_options {
   /// The largest single MPI message; longer puts are split into pieces of this size (sender and
   /// receiver split the same way, so every rank must use the same value). At most INT_MAX.
   std::size_t max_message_bytes = detail::mpi_int_max;
+  /// Where Open MPI's TCP transport runs its receiver-driven "put" pipeline (btl_tcp_flags with
+  /// put, its default; see mpi_tcp_settings) and max_message_bytes is left at its default, cut
+  /// messages just below the pipeline's threshold, so that every message goes by send semantics
+  /// after one rendezvous, as it does without put. The constructor then reads the setting (MPI_T)
+  /// and the ranks agree on the smallest cut (one MPI_Allreduce). Off by default: on the emulated
+  /// cluster under Open MPI's defaults it did not help (Zipf 4 x 4, one run: 1.45 s cut, 1.27 s
+  /// whole; examples/cluster/results/results-libfabric.md), so the pipeline is not the whole story.
+  bool avoid_tcp_put_pipeline = false;
 };
 
 /// A two-sided Transport over MPI point-to-point. The transport holds its own duplicate of a
@@ -566,6 +665,15 @@ public:
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    if (opt_.avoid_tcp_put_pipeline && opt_.max_message_bytes == detail::mpi_int_max) {
+      // Every rank must cut alike: the smallest cut any rank wants (none: INT_MAX).
+      unsigned long long cut = detail::mpi_int_max;
+      if (const auto tcp = mpi_btl_tcp_settings(); tcp && tcp->put && tcp->rdma_pipeline_bytes > 1)
+        cut = std::min<unsigned long long>(cut, tcp->rdma_pipeline_bytes - 1);
+      detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &cut, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm_),
+                        "mpi_transport: MPI_Allreduce");
+      opt_.max_message_bytes = static_cast<std::size_t>(cut);
+    }
   }
   mpi_transport(const mpi_transport&) = delete;
   mpi_transport& operator=(const mpi_transport&) = delete;
@@ -578,6 +686,8 @@ public:
 
   /// This rank in the transport's communicator.
   rank_t rank() const noexcept { return rank_; }
+  /// The largest single MPI message (after avoid_tcp_put_pipeline's cut, where it applied).
+  std::size_t max_message_bytes() const noexcept { return opt_.max_message_bytes; }
   /// Ranks in the transport's communicator.
   rank_t size() const noexcept { return size_; }
 
@@ -645,6 +755,17 @@ inline two_tier_topology mpi_world_topology(int gpus_per_server, MPI_Comm comm =
     throw error("mpi_world_topology: " + std::to_string(size) + " MPI ranks are not a whole number of servers of " +
                 std::to_string(gpus_per_server) + " GPUs");
   return two_tier_topology(size / gpus_per_server, gpus_per_server, links);
+}
+
+/// A line for start-up output where Open MPI's TCP transport runs its "put" pipeline (see
+/// mpi_tcp_settings), else empty. Call after MPI_Init.
+inline std::string mpi_transport_setting_note() {
+  const std::optional<mpi_tcp_settings> tcp = mpi_btl_tcp_settings();
+  if (!tcp || !tcp->put) return {};
+  return "Open MPI's btl_tcp_flags includes \"put\" (its default), under which the MPI transport between servers "
+         "was measured 1.1-1.3x slower than with --mca btl_tcp_flags send,inplace,need-ack,need-csum (its messages of " +
+         std::to_string(tcp->rdma_pipeline_bytes) +
+         " bytes or more go through a receiver-driven pipeline); set that, or use the libfabric transport";
 }
 
 /// The body of an MPI program's main: initialises MPI, runs body() (which returns the exit
