@@ -5,6 +5,7 @@
 
 #include "fasta2a/common.hpp"
 #include "fasta2a/cost_model.hpp"
+#include "fasta2a/coupled_progress.hpp"
 #include "fasta2a/decompose.hpp"
 #include "fasta2a/engine.hpp"
 #include "fasta2a/fewer_stages.hpp"
@@ -17,6 +18,7 @@
 #include "fasta2a/planner.hpp"
 #include "fasta2a/program.hpp"
 #include "fasta2a/registry.hpp"
+#include "fasta2a/rma.hpp"
 #include "fasta2a/svg.hpp"
 #include "fasta2a/tcp_bootstrap.hpp"
 #include "fasta2a/topology.hpp"
