@@ -57,6 +57,7 @@ struct call_stats {
   double execute_s = 0;  ///< moving bytes: copies, balance, rail stages, redistribution
   double total_s = 0;
   int exchanges = 0;     ///< bootstrap exchanges: 1, or 2 when a registration changed on some rank
+  bool recovered = false; ///< this call first rebuilt the connections after a failed call (see engine)
   int registrations = 0; ///< register_memory calls this rank made (per transport pair)
   std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
   std::size_t pieces_sent = 0; ///< plan pieces this rank sent (one put each without coalescing)
@@ -216,10 +217,32 @@ struct event_of<M> {
 /// `async_error()` reports it, the next call (and `synchronize()`) raises it, the caller's stream
 /// is released anyway (it never hangs), and later queued calls are released without running.
 ///
-/// An error raised before execution (bad arguments, counts or options that disagree) leaves the
-/// engine usable. An error during execution (a peer that did not signal in time) leaves signal
-/// counts and, on two-sided transports, posted receives out of step with the peers: discard the
-/// engine then (the communicator is in an unknown state, as after an MPI error).
+/// Errors and what survives them:
+/// - An error raised before execution (bad arguments, counts or options that disagree) leaves the
+///   engine as it was: nothing moved.
+/// - An error once bytes may move (a peer that did not signal in time, a transport error, a
+///   failure opening a peer's handle) ABANDONS the call on this rank before the error reaches the
+///   caller: the memory peers write into (this call's receive registration and the staging) is
+///   revoked on the transports (host: a late put fails instead of copying; libfabric and verbs:
+///   the memory registration is closed, so a late RDMA write fails at the NIC), and the
+///   connections are dropped (MPI: posted receives are cancelled). So when the call returns, by
+///   an error or normally, nothing is still writing into the caller's buffers, and the caller may
+///   free them at once. Exception: a transport whose `late_writes_revoked` is false (the GPU IPC
+///   transport: CUDA IPC mappings cannot be revoked by their exporter) cannot stop a late peer;
+///   keep the buffers alive until every rank has returned from the call.
+/// - The engine stays usable: the next call's exchange carries each rank's "my last call failed"
+///   flag, and when any rank raised it, EVERY rank recovers before anything moves: it makes new
+///   connections on both transports (fresh signal counters: a stale signal or put of the failed
+///   call lands on the old connection, MPI's old communicator or the old connection id of a
+///   libfabric or verbs signal, and never counts toward a later call), forgets its peers' handles
+///   and re-exchanges them, and re-registers what it revoked. `last_stats().recovered` says so.
+/// - A failed bootstrap exchange (a peer that never arrived) cannot be recovered from: the
+///   bootstrap's collective is abandoned (MPI cannot cancel one). Every later call raises an error
+///   saying so: destroy the engine and its bootstrap and transports on every rank and make new
+///   ones (as ncclCommAbort then ncclCommInitRank).
+/// - Over MPI, a send the failed rank had started may still read its send buffer until the peer it
+///   goes to has returned from the call too (MPI cannot cancel a send); the next call's exchange
+///   passes only after every rank has returned.
 template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer,
           MemorySpace M = host_memory>
 class engine {
@@ -298,6 +321,7 @@ public:
   /// the engine owns), as a communicator is destroyed only after its work.
   ~engine() {
     stop_proxy();
+    settle(); // what a failed call revoked is not released twice
     try {
       mem_.synchronize(); // the last release flag write is done before the flag is freed
     } catch (...) {
@@ -326,7 +350,8 @@ public:
   bool bounces() const noexcept { return bounce_; }
 
   /// The error of a stream-ordered call that failed while executing, or "" (like
-  /// ncclCommGetAsyncError). Sticky: the engine must be discarded after one.
+  /// ncclCommGetAsyncError). The next call (or `synchronize()`) raises it once and clears it; the
+  /// call after that recovers (see the class comment).
   std::string async_error() const {
     std::lock_guard l(qm_);
     return async_error_;
@@ -356,6 +381,7 @@ public:
   /// would otherwise keep the old mapping). Windows are released by their own handle.
   void forget_buffer(const void* p) noexcept {
     drain();
+    settle();
     const auto* b = static_cast<const std::byte*>(p);
     for (std::size_t i = 0; i < regs_.size();)
       if (!regs_[i].window && regs_[i].ptr <= b && b < regs_[i].ptr + std::max<std::size_t>(regs_[i].size, 1)) {
@@ -383,7 +409,12 @@ public:
     drain(); // queued stream-ordered calls finish first: this call runs in the calling thread
     prepare(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size, false, {});
     const auto t4 = clock::now();
-    execute(cur_);
+    try {
+      execute(cur_);
+    } catch (...) {
+      abandon(&cur_.recv_reg, staging_reg_ ? &*staging_reg_ : nullptr);
+      throw;
+    }
     const auto t5 = clock::now();
     stats_.execute_s = std::chrono::duration<double>(t5 - t4).count();
     stats_.total_s = std::chrono::duration<double>(t5 - t0).count();
@@ -460,6 +491,7 @@ private:
     std::uint64_t id = 0;   ///< unique over this engine's life; never reused
     std::uint64_t used = 0; ///< the call that used it last (LRU)
     bool window = false;
+    bool revoked = false; ///< revoked by a failed call: registered again when next used
   };
   /// What this rank knows of a peer's receive registration: its id and the handles it opened
   /// (scale-up for peers of its server, scale-out for the others).
@@ -482,7 +514,7 @@ private:
   // The counts exchange: per rank a header, then per peer j the bytes sent to j, the bytes
   // expected from j, the byte offset of j's message in the receive buffer and of the message to j
   // in the send buffer.
-  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered, header_words };
+  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered, h_failed, header_words };
   std::size_t counts_words() const noexcept { return header_words + 4 * static_cast<std::size_t>(n_); }
   std::uint64_t word(rank_t r, std::size_t k) const noexcept { return all_[static_cast<std::size_t>(r) * counts_words() + k]; }
   bytes_t recv_displ(rank_t dst, rank_t src) const noexcept { return word(dst, header_words + 2 * n_ + src); }
@@ -568,6 +600,10 @@ private:
     const auto t0 = clock::now();
     stats_ = {};
     ++clock_;
+    if (!gone_.empty())
+      throw error("rank " + std::to_string(me_) + ": this engine is unusable since " + gone_ +
+                  ": destroy it, its bootstrap and its transports on every rank and make new ones");
+    settle();
     if (problem.empty())
       problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
     // A rank with bad arguments still takes part in the exchange, so every rank learns it.
@@ -584,16 +620,27 @@ private:
     }
     exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
     const auto t1 = clock::now();
-    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only
+    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only (the same error on every rank)
     const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
-    if (handles) {
-      drain();
-      exchange_handles(*rreg);
+    // From here on peers may put into this rank's buffers: an error abandons the call.
+    try {
+      if (handles) {
+        drain();
+        exchange_handles(*rreg);
+      }
+    } catch (...) {
+      abandon(rreg, staging_reg_ ? &*staging_reg_ : nullptr);
+      throw;
     }
     const auto t3 = clock::now();
-    builder_.build(plan_, me_, layout{this}, cur_.program);
-    bind(cur_, *sreg, send, *rreg, recv);
+    try {
+      builder_.build(plan_, me_, layout{this}, cur_.program);
+      bind(cur_, *sreg, send, *rreg, recv);
+    } catch (...) {
+      abandon(rreg, staging_reg_ ? &*staging_reg_ : nullptr);
+      throw;
+    }
     cur_.ordered = ordered;
     const auto t4 = clock::now();
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -611,12 +658,14 @@ private:
     std::optional<typename detail::event_of<M>::type> start;
   };
 
-  void raise_async_error() const {
+  void raise_async_error() {
     std::lock_guard l(qm_);
-    if (!async_error_.empty()) throw error("an earlier stream-ordered all-to-allv failed: " + async_error_);
+    if (async_error_.empty()) return;
+    const std::string e = std::exchange(async_error_, std::string());
+    throw error("an earlier stream-ordered all-to-allv failed: " + e + " (raised once; the next call recovers)");
   }
   // Waits until no stream-ordered call is queued or running (never throws).
-  void drain() const noexcept {
+  void drain() noexcept {
     std::unique_lock l(qm_);
     qcv_.wait(l, [&] { return queue_.empty() && !busy_; });
   }
@@ -668,7 +717,7 @@ private:
           job = std::move(queue_.front());
           queue_.pop_front();
           busy_ = true;
-          failed = !async_error_.empty();
+          failed = !async_error_.empty() || failed_; // after a failure, queued calls are released unrun
         }
         std::string err;
         if (!failed) {
@@ -682,6 +731,8 @@ private:
           } catch (const std::exception& e) {
             err = e.what();
             if (err.empty()) err = "(an error without a message)";
+            // Revoked before the caller's stream is released: nothing writes after it passes.
+            abandon(&job->x.recv_reg, job->x.staging_reg.id ? &job->x.staging_reg : nullptr);
           }
         }
         try {
@@ -750,6 +801,7 @@ private:
 
   void drop_registration(std::uint64_t id) noexcept {
     drain();
+    settle();
     for (std::size_t i = 0; i < regs_.size(); ++i)
       if (regs_[i].id == id) {
         deregister(regs_[i]);
@@ -768,6 +820,15 @@ private:
         best = &r;
     if (best) {
       best->used = clock_;
+      if (best->revoked) { // a failed call revoked it: register it again (same id: every rank recovers)
+        drain();
+        registration fresh = make_registration(best->ptr, best->size);
+        ++stats_.registrations;
+        fresh.id = best->id;
+        fresh.used = clock_;
+        fresh.window = best->window;
+        *best = std::move(fresh);
+      }
       return *best;
     }
     for (;;) {
@@ -797,6 +858,7 @@ private:
     mine_[h_ordered] = ordered ? 1 : 0;
     mine_[h_elem] = elem_size;
     mine_[h_digest] = digest_;
+    mine_[h_failed] = failed_seen_ ? 1 : 0;
     if (problem.empty()) {
       mine_[h_recv_id] = rreg->id;
       mine_[h_recv_base] = static_cast<std::uint64_t>(recv.data() - rreg->ptr);
@@ -808,7 +870,12 @@ private:
       }
     }
     all_.assign(w * n_, 0);
-    boot_->allgather(std::as_bytes(std::span(mine_)), std::as_writable_bytes(std::span(all_)));
+    exchange(std::as_bytes(std::span(mine_)), std::as_writable_bytes(std::span(all_)), "counts");
+    // Every rank sees the same flags: all recover here, before anything else can fail.
+    std::string failed;
+    for (rank_t r = 0; r < n_; ++r)
+      if (word(r, h_failed) != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (!failed.empty()) recover(failed);
     if (!problem.empty()) throw error("rank " + std::to_string(me_) + ": " + problem);
     for (rank_t r = 0; r < n_; ++r) {
       if (word(r, h_verdict) != 0)
@@ -881,6 +948,17 @@ private:
       if (!find_known(r, word(r, h_recv_id))) needed = true;
     }
     const bytes_t mine = staging_cap_[static_cast<std::size_t>(me_)];
+    if (staging_reg_ && staging_reg_->revoked) {
+      // A failed call revoked it; this call recovered on every rank (the revocation is settled only
+      // at the start of a call, before the exchange that carries the failed flag), so every rank
+      // exchanges handles and learns the new registration.
+      drain();
+      staging_reg_.reset();
+      registration r = make_registration(staging_.data(), staging_.size());
+      stats_.registrations += 1;
+      r.id = next_id_++;
+      staging_reg_ = r;
+    }
     if (mine > staging_.size()) { // grown, never shrunk; contents unspecified (every byte read is written first)
       drain();                      // queued calls use the old staging
       if (staging_reg_) deregister(*staging_reg_);
@@ -913,7 +991,7 @@ private:
       put_handle(16 + 2 * hu + ho, out_->serialize(staging_reg_->out), ho);
     }
     all_handles_.assign(blob * static_cast<std::size_t>(n_), std::byte{0});
-    boot_->allgather(handles_, all_handles_);
+    exchange(handles_, all_handles_, "memory handles");
     for (rank_t r = 0; r < n_; ++r) {
       const std::byte* b = all_handles_.data() + blob * static_cast<std::size_t>(r);
       std::uint64_t got[2];
@@ -943,6 +1021,114 @@ private:
         }
       }
     }
+  }
+
+  // --- failures: abandon, settle, recover --------------------------------------------------
+
+  // A bootstrap exchange; its failure leaves the engine unusable (see the class comment).
+  void exchange(std::span<const std::byte> mine, std::span<std::byte> all, const char* what) {
+    try {
+      boot_->allgather(mine, all);
+    } catch (const std::exception& e) {
+      gone_ = std::string("the exchange of ") + what + " failed (" + e.what() + ")";
+      throw error("rank " + std::to_string(me_) + ": the exchange of " + what + " failed: " + e.what() +
+                  "; this engine cannot recover from a failed exchange: destroy it, its bootstrap and its "
+                  "transports on every rank and make new ones");
+    }
+  }
+
+  // The call failed on this rank once peers may write into its memory: revoke what they write
+  // into (the receive registration and the staging: on transports that revoke, a late put fails
+  // instead of writing), drop the connections (MPI: cancels posted receives), finish this rank's
+  // own queued device copies, and raise the flag the next call's exchange carries. Runs in the
+  // thread that executed the call (the caller's, or the proxy's); touches only the transports and
+  // the registrations' copies given, and records the revoked ids for `settle`. Never throws.
+  void abandon(const registration* recv, const registration* staging) noexcept {
+    try {
+      mem_.synchronize();
+    } catch (...) {
+    }
+    try {
+      retire(up_conn_, retired_up_);
+      retire(out_conn_, retired_out_);
+    } catch (...) {
+      up_conn_.reset();
+      out_conn_.reset();
+    }
+    std::vector<std::uint64_t> ids;
+    for (const registration* r : {recv, staging}) {
+      if (r == nullptr || r->id == 0) continue;
+      registration copy = *r; // deregister on a copy: the engine's own entry is settled later
+      deregister(copy);
+      ids.push_back(r->id);
+    }
+    std::lock_guard l(qm_);
+    failed_ = true;
+    revoked_ids_.insert(revoked_ids_.end(), ids.begin(), ids.end());
+  }
+
+  // A connection given up: what it had in flight is abandoned (MPI: posted receives cancelled),
+  // and it is kept until the engine goes, so that nothing reuses what identifies it while a late
+  // peer may still send to it (an MPI context id, say).
+  template <class C>
+  static void retire(std::optional<C>& c, std::deque<C>& into) {
+    if (!c) return;
+    if constexpr (requires { c->abandon(); }) c->abandon();
+    into.push_back(std::move(*c));
+    c.reset();
+  }
+
+  // In the calling thread at the start of a call (before its exchange): marks the registrations a
+  // failed call revoked (registered again when next used), and notes the failure for the exchange.
+  void settle() noexcept {
+    std::vector<std::uint64_t> ids;
+    {
+      std::lock_guard l(qm_);
+      ids.swap(revoked_ids_);
+      failed_seen_ = failed_;
+    }
+    auto mark = [](registration& r) {
+      r.up = typename Up::memory{}; // already deregistered: nothing to release again
+      r.out = typename Out::memory{};
+      r.revoked = true;
+    };
+    for (std::uint64_t id : ids) {
+      for (registration& r : regs_)
+        if (r.id == id) mark(r);
+      if (staging_reg_ && staging_reg_->id == id) mark(*staging_reg_);
+    }
+  }
+
+  // Some rank's last call failed (all ranks see it in the same exchange): start over with new
+  // connections and forget every peer's handle, so that they are exchanged again in this call.
+  void recover(const std::string& failed) {
+    drain(); // queued calls finish (or are released, after a failure) before the connections go
+    try {
+      retire(up_conn_, retired_up_);
+      retire(out_conn_, retired_out_);
+      up_conn_.emplace(up_->connect(channels));
+      out_conn_.emplace(out_->connect(channels));
+    } catch (const std::exception& e) {
+      gone_ = std::string("making new connections after a failed call failed (") + e.what() + ")";
+      throw error("rank " + std::to_string(me_) + ": recovering from a failed call on rank(s) " + failed + ": " + e.what() +
+                  "; destroy this engine, its bootstrap and its transports on every rank and make new ones");
+    }
+    std::fill(expected_.begin(), expected_.end(), 0);
+    std::fill(signalled_.begin(), signalled_.end(), 0);
+    for (auto& peer : known_) {
+      for (remote_entry& e : peer) forget(e);
+      peer.clear();
+    }
+    for (peer_stage& ps : peer_staging_) {
+      forget(ps);
+      ps.id = 0;
+    }
+    {
+      std::lock_guard l(qm_);
+      failed_ = false;
+    }
+    failed_seen_ = false;
+    stats_.recovered = true;
   }
 
   // --- execution -----------------------------------------------------------------------------
@@ -1115,6 +1301,8 @@ private:
 
   void execute(const exec& x) {
     using sec = rank_program::section;
+    if (!up_conn_ || !out_conn_)
+      throw error("rank " + std::to_string(me_) + ": the connections were dropped by a failed call and not yet rebuilt");
     const rank_program& pg = x.program;
     run(x, pg.at(sec::post));
 #ifndef FASTA2A_ENGINE_MUTATION_NO_READY // mutation test: peers may write before this rank is ready
@@ -1215,6 +1403,8 @@ private:
   M mem_;
   std::optional<up_conn> up_conn_;
   std::optional<out_conn> out_conn_;
+  std::deque<up_conn> retired_up_;   ///< given up after failed calls (see retire)
+  std::deque<out_conn> retired_out_;
   rank_t n_ = 0, me_ = 0;
   int G_ = 1;
   std::uint64_t digest_ = 0;
@@ -1251,6 +1441,11 @@ private:
   std::deque<std::unique_ptr<stream_job>> queue_;
   bool busy_ = false, stop_ = false;
   std::string async_error_;
+  // Failures (see the class comment): set by abandon (either thread), read by settle.
+  bool failed_ = false;
+  std::vector<std::uint64_t> revoked_ids_;
+  bool failed_seen_ = false; ///< calling thread: the flag this call's exchange carries
+  std::string gone_;         ///< why the engine is unusable ("" while it works)
   typename M::buffer flag_{};
   std::uint64_t release_seq_ = 0;
   std::thread proxy_; // last: started only once everything above exists

@@ -109,6 +109,19 @@ concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t p
   { t.connect(channels) } -> std::same_as<typename T::connection>;
 } && Connection<typename T::connection, typename T::memory, typename T::remote>;
 
+/// Whether, once a rank has deregistered memory (or dropped the connection that receives into it),
+/// no peer's late put can still write into it: `T::late_writes_revoked` where the transport says
+/// so, else false. The engine relies on it so that a call that failed leaves nothing writing into
+/// the caller's buffers (see engine): host (the put checks a revocable region), MPI (dropping the
+/// connection cancels its posted receives), libfabric and verbs (closing the memory registration
+/// invalidates its key at the NIC) say true; GPU IPC says false (an exporter cannot revoke a CUDA
+/// or HIP IPC mapping).
+template <class T>
+constexpr bool late_writes_revoked() noexcept {
+  if constexpr (requires { T::late_writes_revoked; }) return static_cast<bool>(T::late_writes_revoked);
+  else return false;
+}
+
 /// How a rank waits for a signal: spin briefly (cheap when the peer is close), then yield, then
 /// sleep with exponential back-off, so that many ranks sharing few cores do not starve the ones
 /// doing the work.

@@ -24,10 +24,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fasta2a/decompose.hpp>
@@ -288,6 +290,86 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
     }
     INFO("rank 1: " << errors[1 % errors.size()]);
     CHECK(named >= 1);
+  }
+
+  SUBCASE("engine: after a call fails (a peer that never signals), the next calls recover and are byte-exact") {
+    const rank_t n = W::ranks(4);
+    const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
+    engine_options opt;
+    opt.timeout = ms(400);
+    std::mt19937_64 rng(4242);
+    std::vector<traffic_matrix> later;
+    for (int c = 0; c < 3; ++c) later.push_back(skewed_traffic(n, rng, 1));
+    const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
+      using Tr = std::remove_cvref_t<decltype(tr)>;
+      pr.mute = me == 0; // this call only
+      engine<two_tier_topology, std::remove_cvref_t<decltype(boot)>, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
+      std::string first;
+      try {
+        engine_call_checked(eng, uniform_traffic(n, 4096, 1), me, 1);
+      } catch (const std::exception& e) {
+        first = e.what();
+      }
+      pr.mute = false;
+      std::vector<std::byte> mine{std::byte{first.empty() ? std::uint8_t{0} : std::uint8_t{1}}}, all(static_cast<std::size_t>(n));
+      boot.allgather(mine, all);
+      if (std::count(all.begin(), all.end(), std::byte{1}) == 0) throw error("no rank failed the call whose rank 0 never signalled");
+      for (std::size_t c = 0; c < later.size(); ++c) {
+        engine_call_checked(eng, later[c], me, 1);
+        if (eng.last_stats().recovered != (c == 0))
+          throw error("call " + std::to_string(c + 2) + (c == 0 ? " did not recover" : " recovered again"));
+      }
+    }, ms(10000));
+    require_all_ok(errors);
+  }
+
+  SUBCASE("engine: a late peer's puts never land once the failed call has returned; the buffers may be freed at once") {
+    using inner = typename W::transport;
+    if constexpr (!late_writes_revoked<inner>()) {
+      MESSAGE(W::name << ": skipped: this transport cannot revoke a peer's access (late_writes_revoked is false)");
+    } else {
+      const rank_t n = W::ranks(4);
+      const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
+      engine_options opt;
+      opt.timeout = ms(300);
+      const traffic_matrix t = uniform_traffic(n, 512, 1); // small: MPI sends them eagerly
+      const rank_t keeper = S > 1 && G > 1 ? G : 0; // server 1's first rank: its rail is not rank 1's
+      std::mt19937_64 rng(77);
+      const traffic_matrix after = skewed_traffic(n, rng, 1);
+      const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
+        using Tr = std::remove_cvref_t<decltype(tr)>;
+        engine<two_tier_topology, std::remove_cvref_t<decltype(boot)>, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
+        const engine_layout l = engine_layout_of(t, me, 1, 3);
+        auto send = std::make_unique<std::vector<std::byte>>(l.send_elems);
+        auto recv = std::make_unique<std::vector<std::byte>>(l.recv_elems, canary);
+        for (rank_t j = 0; j < n; ++j) fill_pattern(std::span(*send).subspan(l.send_displs[j], t(me, j)), me, j);
+        if (me == 1) pr.late = ms(2500); // its first put sleeps far past every peer's timeout
+        std::string err;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          eng.alltoallv(*send, l.send_counts, l.send_displs, *recv, l.recv_counts, l.recv_displs);
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // The keeper puts nothing to rank 1 itself (a put into a peer that makes no progress may
+        // block behind it on some providers), so it can only wait for rank 1, and time out.
+        if (me == keeper && err.empty())
+          throw error("rank " + std::to_string(me) + "'s call returned normally after " + std::to_string(took) +
+                      " s although rank 1 was 2500 ms late against a 300 ms timeout");
+        if (me == keeper) std::fill(recv->begin(), recv->end(), canary); // kept: nothing may land in it now
+        else if (me != 1) {                                              // freed at once (ASan: a late write is a use after free)
+          recv.reset();
+          send.reset();
+        }
+        boot.allgather({}, {}); // rank 1 arrives once its late call has returned
+        if (me == keeper) check_canary(*recv, "rank " + std::to_string(me) + "'s receive buffer after its call failed (" + err + ")");
+        if constexpr (!Tr::survives_revoked_writes) return; // documented: the provider closed the link (see the transport)
+        engine_call_checked(eng, after, me, 1);
+        if (!eng.last_stats().recovered) throw error("the call after the failure did not recover");
+      }, ms(10000));
+      require_all_ok(errors);
+    }
   }
 
   SUBCASE("engine: byte-exact over skewed shapes, decomposers and element sizes") {

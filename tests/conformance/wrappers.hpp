@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fasta2a/transport.hpp>
@@ -21,6 +22,7 @@ struct probe {
   // Faults and delays.
   bool mute = false;  ///< signals are dropped (a peer that never signals)
   bool stuck = false; ///< sent() never says yes (sends that never leave)
+  std::chrono::milliseconds late{0}; ///< the next put first sleeps this long (once: a late peer)
   std::chrono::microseconds max_delay{0}; ///< a random pause of [0, max_delay) before each operation
   double delay_probability = 0.5;
   std::mt19937_64 rng{1};
@@ -52,11 +54,17 @@ public:
   using remote = typename T::remote;
   static constexpr std::size_t handle_bytes = T::handle_bytes;
   static constexpr bool can_register(memory_kind k) noexcept { return T::can_register(k); }
+  static constexpr bool late_writes_revoked = fasta2a::late_writes_revoked<T>();
+  static constexpr bool survives_revoked_writes = [] {
+    if constexpr (requires { T::survives_revoked_writes; }) return static_cast<bool>(T::survives_revoked_writes);
+    else return true;
+  }();
 
   class connection {
   public:
     void put(rank_t peer, const memory& src, std::size_t so, const remote& dst, std::size_t d, std::size_t n, channel_id ch) {
       p_->pause();
+      if (p_->late.count() > 0) std::this_thread::sleep_for(std::exchange(p_->late, std::chrono::milliseconds(0)));
       ++p_->puts;
       c_.put(peer, src, so, dst, d, n, ch);
     }
@@ -80,6 +88,12 @@ public:
     void flush() {
       p_->pause();
       c_.flush();
+    }
+    /// Only where T's connection has it (MPI: cancels posted receives after a failed call).
+    void abandon() noexcept
+      requires requires(typename T::connection& c) { c.abandon(); }
+    {
+      c_.abandon();
     }
 
   private:

@@ -211,12 +211,12 @@ TEST_CASE("gpu_ipc.engine: stream-ordered calls from device buffers, byte-exact,
   }
 }
 
-TEST_CASE("gpu_ipc.engine: a stream that never reaches the call is an asynchronous error; every caller's stream is released") {
+TEST_CASE("gpu_ipc.engine: a stream that never reaches the call is an asynchronous error; every caller's stream is released; the call after the raised error recovers") {
   using namespace fasta2a;
   standin_settings st(0, 5, false);
   const rank_t n = 2;
   host_fabric fabric(n, std::chrono::seconds(20));
-  std::vector<std::string> errors(n), async(n), next(n);
+  std::vector<std::string> errors(n), async(n), next(n), third(n);
   std::vector<std::thread> threads;
   for (rank_t r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
@@ -257,6 +257,17 @@ TEST_CASE("gpu_ipc.engine: a stream that never reaches the call is an asynchrono
           next[static_cast<std::size_t>(r)] = e.what();
         }
         boot.allgather({}, {});
+        // The error was raised once; the call after it recovers on every rank and runs.
+        try {
+          eng.alltoallv(std::span<const std::byte>(s.data(), 64), counts, displs, std::span(d.data(), 64), counts, displs,
+                        caller.get());
+          if (!eng.last_stats().recovered) third[static_cast<std::size_t>(r)] = "the call did not recover";
+          eng.synchronize();
+          caller.synchronize();
+        } catch (const error& e) {
+          third[static_cast<std::size_t>(r)] = e.what();
+        }
+        boot.allgather({}, {});
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
@@ -268,6 +279,8 @@ TEST_CASE("gpu_ipc.engine: a stream that never reaches the call is an asynchrono
   for (rank_t r = 0; r < n; ++r) {
     CAPTURE(next[static_cast<std::size_t>(r)]);
     CHECK(next[static_cast<std::size_t>(r)].find("an earlier stream-ordered all-to-allv failed") != std::string::npos);
+    CAPTURE(third[static_cast<std::size_t>(r)]);
+    CHECK(third[static_cast<std::size_t>(r)].empty());
   }
 }
 

@@ -85,9 +85,14 @@ struct libfabric_world {
           }
           // No endpoint closes while a peer of this process may still touch it (see quiesce()):
           // everyone stops, completes what it started, and only then closes.
-          boot.allgather({}, {});
-          base.quiesce();
-          boot.allgather({}, {});
+          try {
+            boot.allgather({}, {});
+            base.quiesce();
+            boot.allgather({}, {});
+          } catch (const std::exception& e) {
+            if (failed.empty()) throw;
+            failed += std::string(" (then, closing: ") + e.what() + ")"; // the first error is the one that matters
+          }
           if (!failed.empty()) throw fasta2a::error(failed);
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = e.what();

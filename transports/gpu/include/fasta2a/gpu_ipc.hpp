@@ -106,6 +106,9 @@ public:
     return m;
   }
   void deregister(memory& m) noexcept { m = memory{}; }
+  /// A peer that opened this rank's IPC handle keeps its mapping: the exporter cannot revoke it, so
+  /// a late peer can still write (see engine: keep buffers alive until every rank has returned).
+  static constexpr bool late_writes_revoked = false;
 
   std::vector<std::byte> serialize(const memory& m) const {
     std::vector<std::byte> out(handle_bytes);

@@ -11,6 +11,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,13 +56,51 @@ public:
     return tables_[k].counters.get();
   }
 
+  /// A registered region of one rank's memory. Puts into it hold it shared; deregistration takes
+  /// it exclusively and marks it dead, so that once `revoke` returns no put is copying into it and
+  /// none will: a late peer's put fails instead of writing into memory its owner may have freed.
+  struct region {
+    std::shared_mutex lock;
+    bool live = true;
+  };
+
+  /// A new live region and its id (unique over the fabric's life).
+  std::pair<std::uint64_t, std::shared_ptr<region>> add_region() {
+    std::lock_guard l(mutex_);
+    const std::uint64_t id = ++region_ids_;
+    auto r = std::make_shared<region>();
+    regions_.emplace(id, r);
+    return {id, r};
+  }
+  /// The region of `id`, or null once it has been revoked (or never existed).
+  std::shared_ptr<region> find_region(std::uint64_t id) {
+    std::lock_guard l(mutex_);
+    const auto it = regions_.find(id);
+    return it == regions_.end() ? nullptr : it->second;
+  }
+  /// Marks the region dead, after any put copying into it has finished.
+  void revoke(std::uint64_t id, region& r) {
+    {
+      std::unique_lock w(r.lock);
+      r.live = false;
+    }
+    std::lock_guard l(mutex_);
+    regions_.erase(id);
+  }
+
   /// Allgather among all ranks of the fabric. Two buffers alternate by generation: a rank can only
   /// write generation g + 2 after every rank has arrived at g + 1, so after it read generation g.
+  /// A rank that times out leaves the fabric's bootstrap unusable (it has contributed to a
+  /// generation the others may never complete): every later allgather on every rank throws, and
+  /// ranks waiting in one wake up and throw (see host_fabric::broken).
   void allgather(rank_t rank, std::span<const std::byte> mine, std::span<std::byte> all) {
     if (all.size() != mine.size() * ranks_)
       throw error("host bootstrap: allgather of " + std::to_string(mine.size()) + " bytes per rank needs " +
                   std::to_string(mine.size() * ranks_) + " bytes, got " + std::to_string(all.size()));
     std::unique_lock lock(mutex_);
+    if (!broken_.empty())
+      throw error("host bootstrap: rank " + std::to_string(rank) + " cannot exchange: the fabric's bootstrap is unusable since " +
+                  broken_ + "; make a new host_fabric (and engines on it) on every rank");
     const std::uint64_t gen = generation_;
     auto& buf = buffers_[gen % 2];
     if (arrived_ == 0) {
@@ -77,13 +117,19 @@ public:
       arrived_ = 0;
       ++generation_;
       cv_.notify_all();
-    } else if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != gen; })) {
+    } else if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != gen || !broken_.empty(); })) {
       std::string missing;
       for (rank_t r = 0; r < ranks_; ++r)
         if (!arrived_flags_[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      throw error("host bootstrap: rank " + std::to_string(rank) + " waited " +
-                  std::to_string(timeout_.count()) + " ms in allgather; rank(s) " + missing +
-                  " never arrived");
+      const std::string what = "host bootstrap: rank " + std::to_string(rank) + " waited " +
+                               std::to_string(timeout_.count()) + " ms in allgather; rank(s) " + missing +
+                               " never arrived";
+      broken_ = "rank " + std::to_string(rank) + " timed out in an allgather (rank(s) " + missing + " never arrived)";
+      cv_.notify_all();
+      throw error(what);
+    } else if (generation_ == gen) {
+      throw error("host bootstrap: rank " + std::to_string(rank) + "'s allgather was abandoned: " + broken_ +
+                  "; make a new host_fabric (and engines on it) on every rank");
     }
     std::memcpy(all.data(), buf.data(), all.size());
   }
@@ -104,6 +150,9 @@ private:
   std::size_t blob_ = 0;
   std::vector<char> arrived_flags_;
   std::vector<std::byte> buffers_[2];
+  std::string broken_; ///< why the bootstrap is unusable ("" while it works)
+  std::uint64_t region_ids_ = 0;
+  std::unordered_map<std::uint64_t, std::shared_ptr<region>> regions_; ///< live regions
 };
 
 /// Bootstrap of one thread-rank of a host_fabric.
@@ -129,13 +178,20 @@ private:
 /// needs no registration (a handle is a pointer and a size); connections have their own counters.
 class host_transport {
 public:
+  /// A registration: the bytes, and the region that puts into them hold (see host_fabric::region).
   struct memory {
     std::byte* ptr = nullptr;
     std::size_t size = 0;
+    std::uint64_t id = 0; ///< the region's id in the fabric (0: not registered)
+    std::shared_ptr<host_fabric::region> region;
   };
+  /// A peer's registration as a sender sees it: null region once its owner has revoked it.
   using remote = memory;
-  static constexpr std::size_t handle_bytes = sizeof(std::byte*) + sizeof(std::size_t);
+  static constexpr std::size_t handle_bytes = sizeof(std::byte*) + sizeof(std::size_t) + sizeof(std::uint64_t);
   static constexpr bool can_register(memory_kind k) noexcept { return k == memory_kind::host; }
+  /// Deregistration revokes: once `deregister` returns no peer's put is copying into the memory
+  /// and any later one fails (fasta2a::error naming the owner) instead of writing.
+  static constexpr bool late_writes_revoked = true;
 
   /// One rank's connection: puts are copies made before put returns, a signal is a release
   /// increment of the peer's counter, a wait polls it under the transport's wait_policy.
@@ -150,6 +206,11 @@ public:
                     std::to_string(src_off) + " (of " + std::to_string(src.size) + ") to rank " +
                     std::to_string(peer) + " at offset " + std::to_string(dst_off) + " (of " +
                     std::to_string(dst.size) + ") is out of bounds");
+      // Shared hold on the destination region: its owner's deregistration waits for this copy
+      // and, once it has marked the region dead, no copy starts (a late put fails, never writes).
+      if (!dst.region) throw revoked(peer);
+      std::shared_lock hold(dst.region->lock);
+      if (!dst.region->live) throw revoked(peer);
       std::memcpy(dst.ptr + dst_off, src.ptr + src_off, n);
     }
     /// One-sided: the bytes land where the sender puts them.
@@ -180,6 +241,10 @@ public:
       return counters_[(static_cast<std::size_t>(to) * static_cast<std::size_t>(ranks_) + static_cast<std::size_t>(from)) *
                            channels_ + ch];
     }
+    static error revoked(rank_t peer) {
+      return error("host_transport: put to rank " + std::to_string(peer) +
+                   ": its memory is no longer registered (its call failed or it released the buffer); nothing was written");
+    }
     void check(rank_t peer, channel_id ch, const char* what) const {
       if (peer < 0 || peer >= ranks_ || ch >= channels_)
         throw error(std::string("host_transport: ") + what + " to rank " + std::to_string(peer) + " on channel " +
@@ -202,16 +267,25 @@ public:
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return fabric_->size(); }
 
-  memory register_memory(void* p, std::size_t n) const noexcept { return {static_cast<std::byte*>(p), n}; }
-  void deregister(memory&) const noexcept {}
+  memory register_memory(void* p, std::size_t n) {
+    auto [id, region] = fabric_->add_region();
+    return {static_cast<std::byte*>(p), n, id, std::move(region)};
+  }
+  /// Revokes the registration (see late_writes_revoked). Safe on an empty or deregistered memory.
+  void deregister(memory& m) {
+    if (m.region) fabric_->revoke(m.id, *m.region);
+    m = memory{};
+  }
 
   std::vector<std::byte> serialize(const memory& m) const {
     std::vector<std::byte> out(handle_bytes);
     std::memcpy(out.data(), &m.ptr, sizeof(m.ptr));
     std::memcpy(out.data() + sizeof(m.ptr), &m.size, sizeof(m.size));
+    std::memcpy(out.data() + sizeof(m.ptr) + sizeof(m.size), &m.id, sizeof(m.id));
     return out;
   }
 
+  /// The peer's registration; one already revoked gives a remote whose puts fail.
   remote deserialize(rank_t peer, std::span<const std::byte> blob) const {
     if (blob.size() != handle_bytes)
       throw error("host_transport: rank " + std::to_string(peer) + "'s memory handle has " +
@@ -219,6 +293,8 @@ public:
     remote r;
     std::memcpy(&r.ptr, blob.data(), sizeof(r.ptr));
     std::memcpy(&r.size, blob.data() + sizeof(r.ptr), sizeof(r.size));
+    std::memcpy(&r.id, blob.data() + sizeof(r.ptr) + sizeof(r.size), sizeof(r.id));
+    r.region = fabric_->find_region(r.id);
     return r;
   }
   void forget(remote&) const noexcept {}

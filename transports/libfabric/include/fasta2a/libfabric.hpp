@@ -344,6 +344,14 @@ public:
     reg(m, k == memory_kind::cuda_device ? FI_HMEM_CUDA : FI_HMEM_ROCR, device);
     return m;
   }
+  /// Closing a registration invalidates its key: a peer's late fi_write into it fails (an error
+  /// completion at the writer) instead of landing.
+  static constexpr bool late_writes_revoked = true;
+  /// But the provider may treat such a write as a protocol error and close its link between the
+  /// two processes (tcp;ofi_rxm does: later operations between them fail with "Transport endpoint
+  /// is not connected"), so an engine cannot recover over this transport after a late write:
+  /// later calls fail with that error (no hang), and the transports must be made anew.
+  static constexpr bool survives_revoked_writes = false;
   /// Closes the registration (fi_close). Safe on an empty or already deregistered memory.
   void deregister(memory& m) {
     if (m.mr != nullptr) {

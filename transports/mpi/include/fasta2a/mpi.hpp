@@ -366,6 +366,9 @@ public:
   /// A serialized handle: the region's address and size, 8 bytes each.
   static constexpr std::size_t handle_bytes = 16;
   static constexpr bool can_register(memory_kind k) noexcept { return k == memory_kind::host; }
+  /// Peers' bytes land only through this rank's posted receives, which a connection's destruction
+  /// cancels (MPI_Cancel, then MPI_Wait): after it, nothing writes into the memory.
+  static constexpr bool late_writes_revoked = true;
 
   /// One engine's connection: its own communicator (a duplicate), its own requests and counts.
   class connection {
@@ -386,15 +389,34 @@ public:
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
-      for (inbound& in : inbound_)
+      abandon();
+      MPI_Comm_free(&comm_);
+    }
+
+    /// Gives up what is in flight, after a failed call: cancels the receives still posted (once it
+    /// returns, nothing lands in this rank's memory through them) and lets sends still in flight
+    /// finish on their own. The connection is unusable afterwards, but its communicator stays until
+    /// it is destroyed: keep it (as the engine does) until no late message of a peer can still
+    /// come, because Open MPI keeps messages for a freed communicator's context id and hands them
+    /// to the next communicator that gets the same id.
+    void abandon() noexcept {
+      if (comm_ == MPI_COMM_NULL) return;
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      for (inbound& in : inbound_) {
         for (MPI_Request& r : in.reqs)
           if (r != MPI_REQUEST_NULL) {
             MPI_Cancel(&r);
             MPI_Wait(&r, MPI_STATUS_IGNORE);
           }
+        in = inbound{};
+      }
       for (MPI_Request& r : sends_)
         if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-      MPI_Comm_free(&comm_);
+      sends_.clear();
+      send_peer_.clear();
+      for (outbound& o : outbound_) o = outbound{};
     }
 
     /// Starts sending bytes [src_off, src_off + n) of src to peer, landing at dst_off of dst (where

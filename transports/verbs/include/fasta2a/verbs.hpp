@@ -394,6 +394,9 @@ public:
     m.rkey = mr->rkey;
     return m;
   }
+  /// Deregistration invalidates the rkey: a peer's late RDMA write fails at the NIC (remote access
+  /// error on the peer's queue pair) instead of landing. Never run here (no RDMA device).
+  static constexpr bool late_writes_revoked = true;
   /// Deregisters (ibv_dereg_mr). Safe on an empty or already deregistered memory.
   void deregister(memory& m) {
     if (m.mr != nullptr) {
