@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "mpi_doctest_main.hpp"
+#include "workloads.hpp"
 
 #include <fasta2a/engine.hpp>
 #include <fasta2a/mpi.hpp>
@@ -604,10 +605,7 @@ TEST_CASE("engine over MPI.spread-out and direct plans deliver what MPI_Alltoall
 
 TEST_CASE("engine over MPI.the Megatron trace, summed down to the process count, byte for byte") {
   const std::string path = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
-  if (!std::ifstream(path)) {
-    MESSAGE("skipped: " << path << " is not there");
-    return;
-  }
+  if (!fa::testing::have_workload(path)) return;
   const int n = world_size();
   if (32 % n != 0) {
     MESSAGE("skipped: " << n << " ranks do not divide the trace's 32");
