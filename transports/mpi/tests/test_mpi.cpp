@@ -20,6 +20,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,6 +207,42 @@ TEST_CASE("mpi_transport.handles are 16 bytes and checked on the way in") {
   CHECK_NOTHROW(tr.register_memory(nullptr, 0));
   CHECK(contains(error_of([] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
                  "max_message_bytes"));
+}
+
+TEST_CASE("mpi_transport.a message is cut into ceil(n / limit) contiguous pieces, none empty unless n is 0") {
+  // Sender and receiver cut alike, so an extra empty piece would still match: only the cut itself
+  // shows it (one more MPI message per put whose length is a multiple of the limit). Limits near
+  // the edges, lengths at and around multiples of them; fixed seed.
+  std::mt19937_64 rng(29);
+  for (int iter = 0; iter < 20000; ++iter) {
+    const std::size_t limit = iter % 4 == 0 ? fa::detail::mpi_int_max : 1 + rng() % 64;
+    const std::size_t k = rng() % 9;
+    const std::size_t n = iter % 3 == 0 ? k * limit : iter % 3 == 1 ? k * limit + 1 + rng() % limit : rng() % 600;
+    CAPTURE(limit);
+    CAPTURE(n);
+    std::size_t pieces = 0, at = 0;
+    bool ok = true;
+    fa::detail::for_each_chunk(n, limit, [&](std::size_t off, std::size_t len) {
+      ok = ok && off == at && len <= limit && (len > 0 || n == 0);
+      at += len;
+      ++pieces;
+    });
+    const std::size_t want = n == 0 ? 1 : n / limit + (n % limit != 0);
+    REQUIRE(ok);
+    REQUIRE(at == n);
+    REQUIRE(pieces == want);
+    REQUIRE(fa::detail::mpi_chunks(n, limit) == want);
+  }
+}
+
+TEST_CASE("mpi.max_message_bytes is refused past INT_MAX, the largest count MPI can take, and taken at it") {
+  const std::size_t over = fa::detail::mpi_int_max + 1;
+  CHECK(contains(error_of([&] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = over}); }),
+                 "max_message_bytes must be in [1, INT_MAX], got 2147483648"));
+  CHECK(contains(error_of([&] { fa::mpi_bootstrap bad(MPI_COMM_WORLD, {.max_message_bytes = over}); }),
+                 "max_message_bytes must be in [1, INT_MAX], got 2147483648"));
+  const fa::mpi_transport at_max(MPI_COMM_WORLD, {.max_message_bytes = fa::detail::mpi_int_max});
+  CHECK(at_max.max_message_bytes() == fa::detail::mpi_int_max);
 }
 
 TEST_CASE("mpi_transport.messages are cut below Open MPI's TCP put pipeline exactly where it is on") {
