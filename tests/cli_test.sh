@@ -9,7 +9,8 @@
 #   errors     every kind of bad input exits 2 with "fasta2a: error: " and a word naming the problem
 #   robust     issue 12's reproductions (defects 6, 7, 8): each ends with exit 2 naming the real
 #              problem, quickly and within bounded memory; needs no trace
-# Exit 0 on success, 77 (ctest's SKIP_RETURN_CODE) when an input the mode needs is missing.
+# Exit 0 on success; a missing trace fails, or exits 77 (ctest's SKIP_RETURN_CODE) with
+# FASTA2A_SKIP_MISSING_WORKLOADS=1.
 set -u
 
 mode=$1

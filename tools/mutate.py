@@ -410,7 +410,7 @@ def main():
             rc, out = run(["nice", "-n", "10", "ctest", "--test-dir", build, "-R", m["ctest"], "--timeout",
                            str(a.timeout), "--output-on-failure"], tree, log=log, env=env)
             if rc != 0:
-                failed = [l.strip() for l in out.splitlines() if "***" in l or "Failed" in l]
+                failed = [l.strip() for l in out.splitlines() if "***" in l or l.startswith("FAIL")]
                 errs = [l.strip() for l in out.splitlines() if "ERROR" in l or "error:" in l or "TEST CASE:" in l]
                 return "killed", "ctest " + m["ctest"] + ": " + " | ".join(failed[:2] + errs[:3])[:500]
         return "survived", ""
