@@ -30,7 +30,7 @@ Known equivalent mutants (they cannot be killed; keep them as a check on this li
   carries at least ceil(bytes / G) = the bound, and each of its stage loads is within the stage's
   weight), so weakening it changes no verdict.
 """
-import argparse, json, os, shutil, subprocess, sys, time
+import argparse, json, os, re, shutil, subprocess, sys, time
 
 # Each: id, file, the exact text (unique in the file), its replacement, the test executables
 # (CMake targets) that cover it, and for MPI targets a ctest regex instead of running them directly.
@@ -125,6 +125,10 @@ M = [
     dict(id="json-zero-byte-piece-accepted", file="include/fasta2a/plan_reader.hpp",
          old="if (pc.bytes == 0)\n        fail(", new="if (pc.bytes == 0 && false)\n        fail(",
          a="pc.bytes == 0", b="pc.bytes == 0 && false",
+         targets=["test_json"]),
+    dict(id="json-writer-hop-to-written-as-from", file="include/fasta2a/json_writer.hpp",
+         old="        number(x.to);", new="        number(x.from);",
+         a="x.to", b="x.from",
          targets=["test_json"]),
     # plan.hpp (routes and staging shared by planner and reader)
     dict(id="plan-staging-slot-at-wrong-end", file="include/fasta2a/plan.hpp",
@@ -309,10 +313,16 @@ def table(work):
     print("| # | mutant | file | result | killing test (first failure) |")
     print("|---|---|---|---|---|")
     for r in rows:
-        d = r["detail"].replace("|", "/")
-        if r["verdict"] == "killed":
-            d = d.split(": ", 2)
-            d = ": ".join(d[:2]) if len(d) >= 2 else d[0]
+        d = re.sub(r"\x1b\[[0-9;]*m", "", r["detail"])
+        if r["verdict"] == "killed" and d.startswith("ctest "):
+            tests = re.findall(r"Test +#\d+: (\S+) \.+\*+Failed", d)
+            case = re.search(r"TEST CASE: +(.*?) \| ", d + " | ")
+            d = (", ".join(tests) or d[:80]) + (f" ({case.group(1)})" if case else "")
+        elif r["verdict"] == "killed":
+            exe, _, rest = d.partition(" (")
+            why, _, rest = rest.partition("): ")
+            d = f"{exe}: {rest.split(': /')[0]}" + (" (timed out)" if why == "timed out" else "")
+        d = d.replace("|", "/")
         print(f"| {order.get(r['id'], -1) + 1} | `{r['id']}` | {r['file']} | {r['verdict']} | {d[:160]} |")
     valid = [r for r in rows if r["verdict"] in ("killed", "survived")]
     killed = sum(r["verdict"] == "killed" for r in valid)
