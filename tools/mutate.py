@@ -90,6 +90,8 @@ M = [
          old="if (pc.offset != off) return fail(", new="if (pc.offset < off) return fail(",
          a="pc.offset != off", b="pc.offset < off",
          targets=["test_verify"]),
+    # EQUIVALENT (cannot be killed; see the module comment and tools/MUTATION.md): once every rail
+    # load is within its stage's weight, the weights sum to at least ceil(busiest server's bytes / G).
     dict(id="verify-lower-bound-off-by-one", file="include/fasta2a/verify.hpp",
          old="if (total < bound)", new="if (total + 1 < bound)",
          a="total < bound", b="total + 1 < bound",
