@@ -221,6 +221,12 @@ M = [
          new="case instr_op::copy: mem_.copy(local_ptr(x, i.dst_buf) + i.dst, local_ptr(x, i.src_buf), i.bytes); break;",
          a="local_ptr(x, i.src_buf) + i.src", b="local_ptr(x, i.src_buf)",
          targets=["test_engine_host", "test_conformance_host"]),
+    # an expect lands at the offset of its buffer inside a larger registration (a window or a cached
+    # buffer); only transports with real expects (MPI) see it: the host transport's expect is a no-op
+    dict(id="engine-expect-ignores-buffer-base", file="include/fasta2a/engine.hpp",
+         old="      const bytes_t dst = i.dst + local_base(x, i.dst_buf);", new="      const bytes_t dst = i.dst;",
+         a="i.dst + local_base(x, i.dst_buf)", b="i.dst",
+         targets=["test_mpi", "test_conformance_mpi"], run=[], ctest=r"^mpi\.(np4|conformance\.np4)$"),
     # bouncing happens where the scale-out transport cannot register the memory space's memory: the
     # stand-in GPU engine over MPI (device memory, MPI for scale-out; gpu_ipc registers it directly)
     dict(id="engine-bounce-in-skipped", file="include/fasta2a/engine.hpp",

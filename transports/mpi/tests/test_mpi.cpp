@@ -632,6 +632,52 @@ TEST_CASE("engine over MPI.FAST (birkhoff) delivers what MPI_Alltoallv does, eve
   engine_matches_alltoallv<fa::birkhoff_decomposer>(shapes(), 4);
 }
 
+TEST_CASE("engine over MPI.a window serves calls at offsets inside it, byte for byte, nothing outside written") {
+  // Buffers inside one registered window, at offsets that change every call: every put and every
+  // posted receive must add the buffer's offset in the window (MPI's expects name their own
+  // destination, unlike the host transport's). Fixed seeds; the pool's bytes outside the call's
+  // buffers must stay as they were.
+  const int n = world_size(), me = world_rank();
+  std::vector<int> g = shapes();
+  if (g.size() > 3) g = {g.front(), g[g.size() / 2], g.back()};
+  for (const int G : g) {
+    CAPTURE(G);
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD);
+    mpi_engine<fa::birkhoff_decomposer> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s});
+    std::vector<std::byte> pool(std::size_t{1} << 20, std::byte{0xEE});
+    auto w = eng.register_window(pool);
+    for (std::uint64_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      const fa::traffic_matrix t = fa::zipf_traffic(n, 1.0, 1500 + 500 * k, 40 + k);
+      const layout l = layout_of(t, me);
+      const std::size_t s_at = 8 + 333 * k, r_at = (std::size_t{1} << 19) + 3 + 777 * k;
+      REQUIRE(s_at + l.send_elems <= r_at);
+      REQUIRE(r_at + l.recv_elems <= pool.size());
+      std::fill(pool.begin(), pool.end(), std::byte{0xEE});
+      const auto send = std::span(pool).subspan(s_at, l.send_elems);
+      const auto recv = std::span(pool).subspan(r_at, l.recv_elems);
+      for (int j = 0; j < n; ++j) fa::fill_pattern(send.subspan(l.send_displs[j], l.send_counts[j]), me, j);
+      eng.alltoallv(std::span<const std::byte>(send), l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+      std::uint64_t mine[2] = {0, 0}, all[2];
+      std::vector<char> message(recv.size(), 0);
+      for (int i = 0; i < n; ++i) {
+        mine[0] += fa::pattern_mismatches(recv.subspan(l.recv_displs[i], l.recv_counts[i]), i, me);
+        std::fill_n(message.begin() + static_cast<std::ptrdiff_t>(l.recv_displs[i]), l.recv_counts[i], 1);
+      }
+      for (std::size_t b = 0; b < pool.size(); ++b) {
+        const bool in_recv = b >= r_at && b < r_at + recv.size();
+        const bool in_send = b >= s_at && b < s_at + send.size();
+        if ((in_recv && !message[b - r_at] && pool[b] != std::byte{0xEE}) || (!in_recv && !in_send && pool[b] != std::byte{0xEE}))
+          ++mine[1];
+      }
+      MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(all[0] == 0); // received bytes unlike the sender's pattern
+      CHECK(all[1] == 0); // bytes written outside every message
+    }
+  }
+}
+
 TEST_CASE("engine over MPI.spread-out and direct plans deliver what MPI_Alltoallv does") {
   std::vector<int> g = shapes();
   // The first and last shapes (1 x n and n x 1) and one in between are enough for the baselines.
