@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -97,10 +99,7 @@ TEST_CASE("engine.host.baselines_and_shapes") {
 
 TEST_CASE("engine.host.megatron_trace_4x8") {
   const std::string path = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
-  if (!std::filesystem::exists(path)) {
-    MESSAGE("skipped: " << path << " not found");
-    return;
-  }
+  if (!testing::have_workload(path)) return;
   // Tokens of 64 bytes keep the test fast; the routing is the trace's.
   std::vector<traffic_matrix> calls;
   for (std::size_t k : {0, 1, 599}) calls.push_back(read_matrix(path, 32, k, 64));

@@ -2,6 +2,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -21,11 +23,7 @@ namespace {
 
 const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
 
-bool have_megatron() {
-  if (std::filesystem::exists(megatron)) return true;
-  MESSAGE("skipped: " << megatron << " not found (set FASTA2A_WORKLOADS_DIR)");
-  return false;
-}
+bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 // A random server matrix (zero diagonal) of one of the shapes the sweeps cover.
 server_matrix random_server_matrix(std::mt19937_64& rng, int S) {

@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <fasta2a/json.hpp> // the compatibility header: both of the two below
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/plan_reader.hpp>
@@ -294,10 +296,7 @@ TEST_CASE("json.write.failing_stream_is_an_error") {
 }
 
 TEST_CASE("json.megatron.field_for_field") {
-  if (!std::filesystem::exists(megatron)) {
-    MESSAGE("skipped: ", megatron, " is missing");
-    return;
-  }
+  if (!fasta2a::testing::have_workload(megatron)) return;
   const traffic_matrix t = read_matrix(megatron, 32, 0, 8192);
   const plan p = make_plan(h200_cluster(4), t);
   const std::string doc = plan_to_json(p);

@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -25,11 +27,7 @@ struct not_a_decomposer {
 
 const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
 
-bool have_megatron() {
-  if (std::filesystem::exists(megatron)) return true;
-  MESSAGE("skipped: " << megatron << " not found (set FASTA2A_WORKLOADS_DIR)");
-  return false;
-}
+bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 traffic_matrix granule_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granule);
 

@@ -6,6 +6,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <filesystem>
 #include <map>
 #include <random>
@@ -231,10 +233,7 @@ TEST_CASE("program.coalescing_merges_contiguous_runs_and_only_those") {
 
 TEST_CASE("program.megatron_4x8_puts_before_and_after_coalescing") {
   const std::string path = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
-  if (!std::filesystem::exists(path)) {
-    MESSAGE("skipped: " << path << " not found");
-    return;
-  }
+  if (!fasta2a::testing::have_workload(path)) return;
   const traffic_matrix t = read_matrix(path, 32, 0, 8192);
   planner<fixed_topology<8>> pl(h200_cluster(4), {.granule = 8192});
   const plan p = pl.make(t);

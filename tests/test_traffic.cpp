@@ -2,6 +2,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "workloads.hpp"
+
 #include <fasta2a/traffic.hpp>
 
 #include <algorithm>
@@ -25,12 +27,7 @@ namespace {
 
 const std::string megatron = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
 
-bool have_megatron() {
-  if (std::filesystem::exists(megatron))
-    return true;
-  MESSAGE("skipped: ", megatron, " is missing");
-  return false;
-}
+bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 /// A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class temp_dir {

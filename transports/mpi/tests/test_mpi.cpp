@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "mpi_doctest_main.hpp"
+#include "workloads.hpp"
 
 #include <fasta2a/engine.hpp>
 #include <fasta2a/mpi.hpp>
@@ -19,6 +20,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -205,6 +207,42 @@ TEST_CASE("mpi_transport.handles are 16 bytes and checked on the way in") {
   CHECK_NOTHROW(tr.register_memory(nullptr, 0));
   CHECK(contains(error_of([] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = 0}); }),
                  "max_message_bytes"));
+}
+
+TEST_CASE("mpi_transport.a message is cut into ceil(n / limit) contiguous pieces, none empty unless n is 0") {
+  // Sender and receiver cut alike, so an extra empty piece would still match: only the cut itself
+  // shows it (one more MPI message per put whose length is a multiple of the limit). Limits near
+  // the edges, lengths at and around multiples of them; fixed seed.
+  std::mt19937_64 rng(29);
+  for (int iter = 0; iter < 20000; ++iter) {
+    const std::size_t limit = iter % 4 == 0 ? fa::detail::mpi_int_max : 1 + rng() % 64;
+    const std::size_t k = rng() % 9;
+    const std::size_t n = iter % 3 == 0 ? k * limit : iter % 3 == 1 ? k * limit + 1 + rng() % limit : rng() % 600;
+    CAPTURE(limit);
+    CAPTURE(n);
+    std::size_t pieces = 0, at = 0;
+    bool ok = true;
+    fa::detail::for_each_chunk(n, limit, [&](std::size_t off, std::size_t len) {
+      ok = ok && off == at && len <= limit && (len > 0 || n == 0);
+      at += len;
+      ++pieces;
+    });
+    const std::size_t want = n == 0 ? 1 : n / limit + (n % limit != 0);
+    REQUIRE(ok);
+    REQUIRE(at == n);
+    REQUIRE(pieces == want);
+    REQUIRE(fa::detail::mpi_chunks(n, limit) == want);
+  }
+}
+
+TEST_CASE("mpi.max_message_bytes is refused past INT_MAX, the largest count MPI can take, and taken at it") {
+  const std::size_t over = fa::detail::mpi_int_max + 1;
+  CHECK(contains(error_of([&] { fa::mpi_transport bad(MPI_COMM_WORLD, {.max_message_bytes = over}); }),
+                 "max_message_bytes must be in [1, INT_MAX], got 2147483648"));
+  CHECK(contains(error_of([&] { fa::mpi_bootstrap bad(MPI_COMM_WORLD, {.max_message_bytes = over}); }),
+                 "max_message_bytes must be in [1, INT_MAX], got 2147483648"));
+  const fa::mpi_transport at_max(MPI_COMM_WORLD, {.max_message_bytes = fa::detail::mpi_int_max});
+  CHECK(at_max.max_message_bytes() == fa::detail::mpi_int_max);
 }
 
 TEST_CASE("mpi_transport.messages are cut below Open MPI's TCP put pipeline exactly where it is on") {
@@ -594,6 +632,52 @@ TEST_CASE("engine over MPI.FAST (birkhoff) delivers what MPI_Alltoallv does, eve
   engine_matches_alltoallv<fa::birkhoff_decomposer>(shapes(), 4);
 }
 
+TEST_CASE("engine over MPI.a window serves calls at offsets inside it, byte for byte, nothing outside written") {
+  // Buffers inside one registered window, at offsets that change every call: every put and every
+  // posted receive must add the buffer's offset in the window (MPI's expects name their own
+  // destination, unlike the host transport's). Fixed seeds; the pool's bytes outside the call's
+  // buffers must stay as they were.
+  const int n = world_size(), me = world_rank();
+  std::vector<int> g = shapes();
+  if (g.size() > 3) g = {g.front(), g[g.size() / 2], g.back()};
+  for (const int G : g) {
+    CAPTURE(G);
+    fa::mpi_bootstrap boot(MPI_COMM_WORLD);
+    fa::mpi_transport tr(MPI_COMM_WORLD);
+    mpi_engine<fa::birkhoff_decomposer> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s});
+    std::vector<std::byte> pool(std::size_t{1} << 20, std::byte{0xEE});
+    auto w = eng.register_window(pool);
+    for (std::uint64_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      const fa::traffic_matrix t = fa::zipf_traffic(n, 1.0, 1500 + 500 * k, 40 + k);
+      const layout l = layout_of(t, me);
+      const std::size_t s_at = 8 + 333 * k, r_at = (std::size_t{1} << 19) + 3 + 777 * k;
+      REQUIRE(s_at + l.send_elems <= r_at);
+      REQUIRE(r_at + l.recv_elems <= pool.size());
+      std::fill(pool.begin(), pool.end(), std::byte{0xEE});
+      const auto send = std::span(pool).subspan(s_at, l.send_elems);
+      const auto recv = std::span(pool).subspan(r_at, l.recv_elems);
+      for (int j = 0; j < n; ++j) fa::fill_pattern(send.subspan(l.send_displs[j], l.send_counts[j]), me, j);
+      eng.alltoallv(std::span<const std::byte>(send), l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+      std::uint64_t mine[2] = {0, 0}, all[2];
+      std::vector<char> message(recv.size(), 0);
+      for (int i = 0; i < n; ++i) {
+        mine[0] += fa::pattern_mismatches(recv.subspan(l.recv_displs[i], l.recv_counts[i]), i, me);
+        std::fill_n(message.begin() + static_cast<std::ptrdiff_t>(l.recv_displs[i]), l.recv_counts[i], 1);
+      }
+      for (std::size_t b = 0; b < pool.size(); ++b) {
+        const bool in_recv = b >= r_at && b < r_at + recv.size();
+        const bool in_send = b >= s_at && b < s_at + send.size();
+        if ((in_recv && !message[b - r_at] && pool[b] != std::byte{0xEE}) || (!in_recv && !in_send && pool[b] != std::byte{0xEE}))
+          ++mine[1];
+      }
+      MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(all[0] == 0); // received bytes unlike the sender's pattern
+      CHECK(all[1] == 0); // bytes written outside every message
+    }
+  }
+}
+
 TEST_CASE("engine over MPI.spread-out and direct plans deliver what MPI_Alltoallv does") {
   std::vector<int> g = shapes();
   // The first and last shapes (1 x n and n x 1) and one in between are enough for the baselines.
@@ -604,10 +688,7 @@ TEST_CASE("engine over MPI.spread-out and direct plans deliver what MPI_Alltoall
 
 TEST_CASE("engine over MPI.the Megatron trace, summed down to the process count, byte for byte") {
   const std::string path = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
-  if (!std::ifstream(path)) {
-    MESSAGE("skipped: " << path << " is not there");
-    return;
-  }
+  if (!fa::testing::have_workload(path)) return;
   const int n = world_size();
   if (32 % n != 0) {
     MESSAGE("skipped: " << n << " ranks do not divide the trace's 32");
