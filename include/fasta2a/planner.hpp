@@ -93,29 +93,30 @@ public:
   /// M of the last plan: per-rail bytes between servers.
   const server_matrix& rail_matrix() const noexcept { return m_; }
 
-  /// The plan for traffic matrix t (ranks x ranks bytes). Throws fasta2a::error on a matrix that
-  /// does not fit the topology or whose sums overflow, plan_too_large past max_plan_bytes.
-  plan make(const traffic_matrix& t) {
+  /// The plan for traffic matrix t (ranks x ranks bytes; a traffic_matrix, or a view of rows that
+  /// lie apart, read in place). Throws fasta2a::error on a matrix that does not fit the topology or
+  /// whose sums overflow, plan_too_large past max_plan_bytes.
+  plan make(const traffic_view& t) {
     plan p;
     make_into(t, p);
     return p;
   }
 
   /// As `make`, reusing p's storage.
-  void make_into(const traffic_matrix& t, plan& p) { build(t, p, -1); }
+  void make_into(const traffic_view& t, plan& p) { build(t, p, -1); }
 
   /// Rank r's part of the plan: the stages, every piece rank r sends, receives or carries on its
   /// rail, and r's ops; nothing of other ranks. The pieces and ops are exactly those of the whole
   /// plan for r (same values, same order), at a fraction of the cost: phase 1 runs only for the
   /// server pairs that touch r's server. This is what each rank computes per call.
-  plan make_rank(const traffic_matrix& t, rank_t r) {
+  plan make_rank(const traffic_view& t, rank_t r) {
     plan p;
     make_rank_into(t, r, p);
     return p;
   }
 
   /// As `make_rank`, reusing p's storage.
-  void make_rank_into(const traffic_matrix& t, rank_t r, plan& p) {
+  void make_rank_into(const traffic_view& t, rank_t r, plan& p) {
     if (r < 0 || r >= topo_.ranks())
       throw error("rank " + std::to_string(r) + " is not in a topology of " + std::to_string(topo_.ranks()) +
                   " ranks");
@@ -123,7 +124,7 @@ public:
   }
 
 private:
-  void build(const traffic_matrix& t, plan& p, rank_t view) {
+  void build(const traffic_view& t, plan& p, rank_t view) {
     const rank_t n = topo_.ranks();
     const int S = topo_.servers();
     const int G = gpus();
@@ -216,13 +217,13 @@ private:
   // (detail::staging_layout): a rail's capacity is exactly the bytes its stream will carry, so the
   // layout is known before any piece is made, and a rank's view places its pieces in the same
   // slots as the whole plan.
-  void rail_layout(const traffic_matrix& t, plan& p) {
+  void rail_layout(const traffic_view& t, plan& p) {
     const int S = topo_.servers(), G = gpus();
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
     m_.setZero(S, S);
     caps_.assign(SSG, 0);
     if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
-    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    const std::size_t ld = static_cast<std::size_t>(t.outerStride());
     const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
     if (nic) nic_.assign(2 * SG, 0);
     // One pass over the matrix. Entries are non-negative, so if the total fits in 64 bits every
@@ -287,8 +288,8 @@ private:
     }
   }
 
-  static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
-    return t.data()[static_cast<std::size_t>(i) * t.cols() + j];
+  static bytes_t at(const traffic_view& t, rank_t i, rank_t j) noexcept {
+    return t.data()[static_cast<std::size_t>(i) * static_cast<std::size_t>(t.outerStride()) + j];
   }
 
   // For every server pair (s, d), the stages in which s sends to d (CSR), and -1 in the plan's
@@ -339,7 +340,7 @@ private:
 
   // Same-server traffic (self copies and direct scale-up), and every message of the direct
   // baseline: one piece each, no rail.
-  void emit_unstaged_pair(const traffic_matrix& t, plan& p, int s, int d) {
+  void emit_unstaged_pair(const traffic_view& t, plan& p, int s, int d) {
     const int G = gpus();
     for (int a = 0; a < G; ++a)
       for (int b = 0; b < G; ++b) {
@@ -358,7 +359,7 @@ private:
   }
 
   // Phase 1 for server pair (s, d), then the pieces, each rail filling the pair's stages in order.
-  void emit_pair(const traffic_matrix& t, plan& p, int s, int d) {
+  void emit_pair(const traffic_view& t, plan& p, int s, int d) {
     const int G = gpus();
     const int S = p.servers;
     const std::size_t GG = static_cast<std::size_t>(G) * G;
@@ -373,8 +374,8 @@ private:
       bfs_.resize(G);
     }
     if (y_.size() < GG) y_.resize(GG);
-    const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * t.cols() + d * G;
-    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    const std::size_t ld = static_cast<std::size_t>(t.outerStride());
+    const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
     auto B = [&](int a, int b) { return blk[a * ld + b]; };
 
     const std::size_t pr = static_cast<std::size_t>(s) * S + d;
