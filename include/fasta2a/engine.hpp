@@ -183,7 +183,7 @@ struct event_of<M> {
 /// 3. plans its own part of the plan (every rank computes the same plan from the same matrix: the
 ///    gathered send counts, read in place);
 /// 4. only when some rank's receive registration is new to its peers, or some rank's staging had
-///    to grow, a second exchange carries the new memory handles (every rank knows from step 2 and
+///    to grow, a further exchange carries the new memory handles (every rank knows from step 2 and
 ///    the plan whether this happens, so all agree);
 /// 5. builds its rank program (program.hpp: puts of contiguous runs coalesced) and runs it: self and
 ///    intra-server copies, then the stages as an event loop (balance puts rail_window stages
@@ -200,11 +200,11 @@ struct event_of<M> {
 /// one copy (SharedBootstrap: host_bootstrap), other bootstraps give each rank its own. Displacements
 /// that are not packed add n^2 words per side. Everything else is O(n G) words per rank (prefix
 /// sums of its server's messages, 4 G n; signal counts, 20 n; what it knows of each peer's
-/// registrations), plus its planner's scratch for a rank view (planner_scratch_bytes: 24 S^2 G
-/// bytes, S^2 for the decomposer) and its plan and program, which grow with the stages the
-/// decomposer makes. At 4096 ranks (512 x 8): the gathered counts 134.5 MB (per process on
-/// threads, per rank over MPI), about 1.5 MB of other engine state per rank, and 50 MB of the
-/// planner's rank-view scratch per rank (S^2 G rail capacities).
+/// registrations), plus its planner's scratch for a rank view (planner_scratch_bytes: the S^2
+/// server-pair work of decomposing the server matrix, O(S G) besides) and its plan and program,
+/// which grow with the stages the decomposer makes. At 4096 ranks (512 x 8): the gathered counts
+/// 134.5 MB (per process on threads, per rank over MPI), about 3 MB of other engine state per
+/// rank, and 11 MB of the planner's rank-view scratch per rank.
 ///
 /// Scale-out from memory the scale-out transport cannot register (device memory over an MPI that
 /// is not CUDA-aware: `registers_directly` is false): every buffer registered with the scale-out
@@ -503,7 +503,7 @@ private:
   // displacements are not gathered (see exchange_counts).
   enum header : std::size_t {
     h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered,
-    h_recv_check, ///< receive_check of this rank's receive counts (bytes)
+    h_recv_check, ///< its receive counts' check: the sum of bytes x check_weight(sender), mod 2^64
     h_packed,     ///< bit 0: its send displacements are packed, bit 1: its receive displacements
     h_send_first, ///< packed send displacements: where the first message starts (bytes)
     h_recv_first, ///< packed receive displacements: likewise
