@@ -44,13 +44,17 @@ inline long double memory_limit_bytes() {
 
 /// What one rank's engine keeps between calls at n ranks of S servers x G GPUs, besides the
 /// gathered counts (engine_counts_bytes): prefix sums of its server's messages (32 G n bytes),
-/// signal counts, what it knows of each peer (about 512 n bytes in all, with this command's
-/// layout of the rank's messages), plus its planner's scratch for a rank view
-/// (planner_scratch_bytes: S^2 server-pair work, O(S G) besides). An estimate for refusing runs that cannot fit, stated here so that the check
-/// changes with the engine (engine.hpp, "Memory"; issue 12, defect 7).
+/// signal counts and what it knows of each peer (about 500 n bytes), its plan and program, and the
+/// allocator's and its thread's overhead: 2048 n bytes in all besides the prefix sums, calibrated
+/// on the peak resident memory of `fasta2a run` at 16, 32 and 48 x 8 with 1 KiB per rank (39, 130
+/// and 381 MB measured; 41, 170 and 393 MB estimated with the buffers); plus its planner's scratch
+/// for a rank view (planner_scratch_bytes: S^2 server-pair work, O(S G) besides). An estimate for
+/// refusing runs that cannot fit, stated here so that the check changes with the engine
+/// (engine.hpp, "Memory"; issue 12, defect 7). Plans with far more stages than these (skewed
+/// matrices, many servers) have larger programs.
 template <class D> long double engine_bytes_per_rank(int servers, int gpus) {
   const long double n = static_cast<long double>(servers) * gpus;
-  return (32.0L * gpus + 512.0L) * n + fa::planner_scratch_bytes<D>(servers, gpus, false);
+  return (32.0L * gpus + 2048.0L) * n + fa::planner_scratch_bytes<D>(servers, gpus, false);
 }
 
 /// The engine's gathered counts at n ranks: n (n + 10) words, the traffic matrix and a header per
