@@ -145,7 +145,10 @@ TEST_CASE("engine.host.bad_arguments_fail_on_every_rank_before_anything_moves") 
       recv_size += 1;
     }
   });
-  for (rank_t r = 0; r < n; ++r) CHECK(errs[r].find("rank 1 expects 17 bytes from rank 3, which sends 16") != std::string::npos);
+  // Rank 1 sees the detail; the others see that rank 1's receive counts disagree (a digest of them
+  // travels in rank 1's header: receive counts are not gathered).
+  CHECK(errs[1].find("rank 1 expects 17 bytes from rank 3, which sends 16") != std::string::npos);
+  for (rank_t r : {0, 2, 3}) CHECK(errs[r].find("rank 1's receive counts disagree") != std::string::npos);
   // Wrong number of counts.
   errs = run([](rank_t r, layout& l, std::size_t&) {
     if (r == 0) l.send_counts.pop_back();
@@ -452,5 +455,363 @@ TEST_CASE("engine.host.a_window_serves_calls_anywhere_inside_it_without_register
   for (rank_t r = 0; r < 8; ++r) {
     INFO(errors[r]);
     CHECK(errors[r].empty());
+  }
+}
+
+// --- Bounded memory (issue 12, defect 7): what the counts exchange gathers, and who holds it ------
+
+namespace {
+
+/// A Bootstrap that forwards to B and records the size of every blob this rank contributes. It
+/// offers only the plain allgather, as MPI and TCP bootstraps do (one rank per process).
+template <Bootstrap B>
+class metered_bootstrap {
+public:
+  explicit metered_bootstrap(B& inner) : b_(&inner) {}
+  rank_t rank() const { return b_->rank(); }
+  rank_t size() const { return b_->size(); }
+  void allgather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    blobs.push_back(mine.size());
+    ++plain;
+    b_->allgather(mine, all);
+  }
+  std::vector<std::size_t> blobs; ///< bytes this rank contributed, per exchange
+  long plain = 0;                 ///< exchanges through the plain allgather
+
+protected:
+  B* b_;
+};
+
+/// The same, also forwarding the shared form (threads of one process) and recording the buffer
+/// each shared exchange handed out.
+template <Bootstrap B>
+class metered_shared_bootstrap : public metered_bootstrap<B> {
+public:
+  using metered_bootstrap<B>::metered_bootstrap;
+  std::shared_ptr<const std::vector<std::byte>> allgather_shared(std::span<const std::byte> mine) {
+    this->blobs.push_back(mine.size());
+    auto all = this->b_->allgather_shared(mine);
+    shared.push_back(all->data());
+    return all;
+  }
+  std::vector<const std::byte*> shared; ///< per shared exchange, the buffer this rank got
+};
+
+static_assert(!SharedBootstrap<metered_bootstrap<host_bootstrap>>);
+static_assert(SharedBootstrap<metered_shared_bootstrap<host_bootstrap>>);
+static_assert(SharedBootstrap<host_bootstrap>);
+
+/// Runs body(rank, bootstrap) on every rank of a host fabric of n ranks, one thread each, and
+/// returns every rank's error ("" if none).
+template <class Boot, class Body>
+std::vector<std::string> on_ranks(rank_t n, Body&& body, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+  host_fabric fabric(n, timeout);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap base(fabric, r);
+        Boot boot(base);
+        host_transport tr(fabric, r);
+        body(r, boot, tr);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  return errors;
+}
+
+void check_no_errors(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+  }
+}
+
+} // namespace
+
+TEST_CASE("engine.host.each_rank_contributes_its_send_counts_and_a_fixed_header_not_four_counts_per_peer") {
+  // Per call a rank contributes n words (the bytes it sends to each rank) and a header of a fixed
+  // size, once: the gathered buffer is then the traffic matrix and n^2 words in all. Before issue
+  // 12 it contributed 4 n + 6 words (sends, receives and both displacements), 4 n^2 gathered words.
+  std::mt19937_64 rng(1207);
+  for (const two_tier_topology topo : {two_tier_topology(2, 4), two_tier_topology(4, 4), two_tier_topology(3, 5)}) {
+    const rank_t n = topo.ranks();
+    CAPTURE(n);
+    std::vector<traffic_matrix> calls;
+    for (int c = 0; c < 3; ++c) calls.push_back(skewed(n, rng, 1));
+    std::vector<std::vector<std::size_t>> blobs(static_cast<std::size_t>(n));
+    check_no_errors(on_ranks<metered_bootstrap<host_bootstrap>>(n, [&](rank_t r, auto& boot, host_transport& tr) {
+      engine<two_tier_topology, metered_bootstrap<host_bootstrap>, host_transport, host_transport> eng(topo, boot, tr, tr);
+      for (const traffic_matrix& t : calls) {
+        const std::size_t before = boot.blobs.size();
+        buffer_set b(t, r); // messages packed in rank order: one exchange of counts
+        eng.alltoallv(b.send, b.l.send_counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs);
+        if (!b.received(t, r)) throw error("wrong bytes");
+        // The counts exchange is the call's first; a second one (handles) may follow.
+        blobs[static_cast<std::size_t>(r)].push_back(boot.blobs[before]);
+        if (boot.blobs.size() - before != static_cast<std::size_t>(eng.last_stats().exchanges))
+          throw error("exchanges counted and reported differ");
+      }
+    }));
+    for (const auto& per_rank : blobs)
+      for (std::size_t bytes : per_rank) {
+        CHECK(bytes % 8 == 0);
+        CHECK(bytes >= 8 * static_cast<std::size_t>(n));
+        CHECK(bytes <= 8 * (static_cast<std::size_t>(n) + 16)); // a header of at most 16 words
+        CHECK(bytes - 8 * static_cast<std::size_t>(n) == blobs[0][0] - 8 * static_cast<std::size_t>(blobs.size()));
+      }
+  }
+}
+
+TEST_CASE("engine.host.thread_ranks_share_one_gathered_buffer") {
+  // The host bootstrap's shared allgather: every rank of the process reads the same buffer of
+  // gathered counts (one copy per process, not one per thread), and the bytes still arrive.
+  const two_tier_topology topo(2, 4);
+  const rank_t n = topo.ranks();
+  std::mt19937_64 rng(99);
+  std::vector<traffic_matrix> calls;
+  for (int c = 0; c < 4; ++c) calls.push_back(skewed(n, rng, 1));
+  std::vector<std::vector<const std::byte*>> seen(static_cast<std::size_t>(n));
+  std::vector<long> plain(static_cast<std::size_t>(n));
+  check_no_errors(on_ranks<metered_shared_bootstrap<host_bootstrap>>(n, [&](rank_t r, auto& boot, host_transport& tr) {
+    engine<two_tier_topology, metered_shared_bootstrap<host_bootstrap>, host_transport, host_transport> eng(topo, boot, tr, tr);
+    for (const traffic_matrix& t : calls) {
+      buffer_set b(t, r);
+      eng.alltoallv(b.send, b.l.send_counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs);
+      if (!b.received(t, r)) throw error("wrong bytes");
+    }
+    seen[static_cast<std::size_t>(r)] = boot.shared;
+    plain[static_cast<std::size_t>(r)] = boot.plain;
+  }));
+  CHECK(seen[0].size() >= calls.size());
+  for (rank_t r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(plain[static_cast<std::size_t>(r)] == 0);          // every exchange went through the shared form
+    CHECK(seen[static_cast<std::size_t>(r)] == seen[0]);     // the same buffers, exchange by exchange
+  }
+}
+
+TEST_CASE("host.fabric.shared_allgather_hands_every_rank_one_buffer_that_later_exchanges_leave_alone") {
+  const rank_t n = 5;
+  host_fabric fabric(n, std::chrono::milliseconds(5000));
+  std::vector<std::vector<std::shared_ptr<const std::vector<std::byte>>>> got(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (rank_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        host_bootstrap boot(fabric, r);
+        for (int g = 0; g < 6; ++g) {
+          // Blobs of other sizes in every generation, plain and shared forms interleaved.
+          std::vector<std::byte> mine(static_cast<std::size_t>(3 + g), std::byte(static_cast<unsigned char>(16 * g + r)));
+          if (g % 3 == 2) {
+            std::vector<std::byte> all(mine.size() * n);
+            boot.allgather(mine, all);
+            got[r].push_back(std::make_shared<const std::vector<std::byte>>(std::move(all)));
+          } else {
+            got[r].push_back(boot.allgather_shared(mine));
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  check_no_errors(errors);
+  for (rank_t r = 0; r < n; ++r)
+    for (int g = 0; g < 6; ++g) {
+      const auto& all = *got[r][static_cast<std::size_t>(g)];
+      const std::size_t blob = static_cast<std::size_t>(3 + g);
+      REQUIRE(all.size() == blob * n);
+      for (rank_t q = 0; q < n; ++q)
+        for (std::size_t k = 0; k < blob; ++k) CHECK(all[q * blob + k] == std::byte(static_cast<unsigned char>(16 * g + q)));
+      if (g % 3 != 2) CHECK(got[r][static_cast<std::size_t>(g)].get() == got[0][static_cast<std::size_t>(g)].get());
+    }
+  // Ranks that contribute blobs of different sizes are told so, in the shared form too.
+  host_fabric two(2, std::chrono::milliseconds(2000));
+  std::string e0, e1;
+  std::thread a([&] {
+    try {
+      host_bootstrap b(two, 0);
+      std::vector<std::byte> m(4);
+      (void)b.allgather_shared(m);
+    } catch (const std::exception& e) {
+      e0 = e.what();
+    }
+  });
+  std::thread b([&] {
+    try {
+      host_bootstrap bb(two, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::vector<std::byte> m(8);
+      (void)bb.allgather_shared(m);
+    } catch (const std::exception& e) {
+      e1 = e.what();
+    }
+  });
+  a.join();
+  b.join();
+  CHECK(e1.find("contributes 8 bytes, the others 4") != std::string::npos);
+  CHECK(e0.find("never arrived") != std::string::npos);
+}
+
+namespace {
+
+/// Rank r's counts and displacements for traffic t with its messages in a shuffled order, gaps
+/// between them and a leading offset on the sides asked for (displacements that are not prefix
+/// sums of the counts); the other sides packed in rank order, from `first` (zero-count messages
+/// at displacement 0, which a packed layout ignores).
+layout scattered_layout(const traffic_matrix& t, rank_t r, bool scatter_send, bool scatter_recv, std::uint64_t first,
+                        std::mt19937_64& rng) {
+  const rank_t n = static_cast<rank_t>(t.rows());
+  layout l;
+  auto side = [&](bool scatter, auto count_of, std::vector<std::uint64_t>& counts, std::vector<std::uint64_t>& displs,
+                  std::size_t& elems) {
+    counts.assign(static_cast<std::size_t>(n), 0);
+    displs.assign(static_cast<std::size_t>(n), 0);
+    std::vector<rank_t> order(static_cast<std::size_t>(n));
+    for (rank_t j = 0; j < n; ++j) order[static_cast<std::size_t>(j)] = j;
+    if (scatter) std::shuffle(order.begin(), order.end(), rng);
+    elems = first;
+    for (rank_t j : order) {
+      counts[static_cast<std::size_t>(j)] = count_of(j);
+      if (counts[static_cast<std::size_t>(j)] == 0 && !scatter) continue; // displacement 0
+      displs[static_cast<std::size_t>(j)] = elems;
+      elems += counts[static_cast<std::size_t>(j)] + (scatter ? 1 + rng() % 4 : 0);
+    }
+  };
+  side(scatter_send, [&](rank_t j) { return t(r, j); }, l.send_counts, l.send_displs, l.send_elems);
+  side(scatter_recv, [&](rank_t j) { return t(j, r); }, l.recv_counts, l.recv_displs, l.recv_elems);
+  return l;
+}
+
+} // namespace
+
+TEST_CASE("engine.host.displacements_that_are_not_prefix_sums_take_a_second_exchange_and_every_byte_arrives") {
+  // Where every rank's messages are packed in rank order (from any first offset; zero-count
+  // messages anywhere), senders derive each other's displacements from the gathered send counts:
+  // one exchange. Where some rank's are not, every rank knows it from the headers, and a second
+  // exchange carries the displacements. Either way every byte lands where its receiver said and
+  // nothing else is written, whichever ranks scatter which side.
+  std::mt19937_64 rng(4242);
+  for (int trial = 0; trial < 24; ++trial) {
+    const two_tier_topology topo = trial % 3 == 0 ? two_tier_topology(4, 3) : trial % 3 == 1 ? two_tier_topology(2, 8)
+                                                                                         : two_tier_topology(3, 1);
+    const rank_t n = topo.ranks();
+    const traffic_matrix t = skewed(n, rng, 1);
+    // Per rank: 0 packed, 1 sends scattered, 2 receives scattered, 3 both; trials 0-5 all packed.
+    std::vector<int> kind(static_cast<std::size_t>(n), 0);
+    std::vector<std::uint64_t> first(static_cast<std::size_t>(n), 0);
+    if (trial >= 6)
+      for (rank_t r = 0; r < n; ++r) kind[static_cast<std::size_t>(r)] = rng() % 3 == 0 ? static_cast<int>(1 + rng() % 3) : 0;
+    for (rank_t r = 0; r < n; ++r) first[static_cast<std::size_t>(r)] = trial % 2 ? rng() % 5 : 0;
+    // A scattered side (a gap after every message) is still packed with fewer than two messages.
+    bool packed = true;
+    for (rank_t r = 0; r < n; ++r) {
+      int sends = 0, receives = 0;
+      for (rank_t j = 0; j < n; ++j) sends += t(r, j) > 0, receives += t(j, r) > 0;
+      if ((kind[static_cast<std::size_t>(r)] & 1 && sends > 1) || (kind[static_cast<std::size_t>(r)] & 2 && receives > 1)) packed = false;
+    }
+    const std::uint64_t seed = rng();
+    CAPTURE(trial);
+    CAPTURE(packed);
+    const bool direct = trial % 4 == 3;
+    check_no_errors(on_ranks<testing::counting_bootstrap<host_bootstrap>>(n, [&](rank_t r, auto& boot, host_transport& tr) {
+      std::mt19937_64 mine(seed + static_cast<std::uint64_t>(r));
+      const int k = kind[static_cast<std::size_t>(r)];
+      const layout l = scattered_layout(t, r, k & 1, k & 2, first[static_cast<std::size_t>(r)], mine);
+      std::vector<std::byte> send(l.send_elems, std::byte{0x11}), recv(l.recv_elems, testing::canary);
+      for (rank_t j = 0; j < n; ++j) fill_pattern(std::span(send).subspan(l.send_displs[static_cast<std::size_t>(j)], t(r, j)), r, j);
+      auto call = [&](auto& eng) {
+        for (int c = 0; c < 2; ++c) { // the second call: buffers known, staging grown
+          std::fill(recv.begin(), recv.end(), testing::canary);
+          const long ex = boot.exchanges;
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+          if (boot.exchanges - ex != eng.last_stats().exchanges) throw error("exchanges counted and reported differ");
+          if (c == 1 && eng.last_stats().exchanges != (packed ? 1 : 2))
+            throw error(std::to_string(eng.last_stats().exchanges) + " exchanges in a call with known buffers");
+        }
+      };
+      if (direct) {
+        engine<two_tier_topology, testing::counting_bootstrap<host_bootstrap>, host_transport, host_transport, direct_decomposer> eng(topo, boot, tr, tr);
+        call(eng);
+      } else {
+        engine<two_tier_topology, testing::counting_bootstrap<host_bootstrap>, host_transport, host_transport> eng(topo, boot, tr, tr);
+        call(eng);
+      }
+      std::vector<char> written(recv.size(), 0);
+      for (rank_t i = 0; i < n; ++i)
+        for (std::uint64_t b = 0; b < t(i, r); ++b) {
+          const std::size_t at = l.recv_displs[static_cast<std::size_t>(i)] + b;
+          written[at] = 1;
+          if (recv[at] != pattern_byte(i, r, b))
+            throw error("byte " + std::to_string(b) + " from rank " + std::to_string(i) + " is wrong");
+        }
+      for (std::size_t k2 = 0; k2 < recv.size(); ++k2)
+        if (!written[k2] && recv[k2] != testing::canary) throw error("byte " + std::to_string(k2) + " outside every message was written");
+    }));
+  }
+}
+
+TEST_CASE("engine.host.receive_counts_that_disagree_with_the_senders_fail_on_every_rank_before_anything_moves") {
+  // Receive counts are not gathered: each rank compares its own with the column of the gathered
+  // send counts, and a digest of them in its header lets every other rank see the disagreement in
+  // the same exchange. Every rank fails, naming the lowest rank whose receive counts disagree; that
+  // rank names the first sender and both byte counts. No byte is written anywhere.
+  std::mt19937_64 rng(5150);
+  const two_tier_topology topo(2, 4);
+  const rank_t n = topo.ranks();
+  for (int trial = 0; trial < 40; ++trial) {
+    CAPTURE(trial);
+    const traffic_matrix t = skewed(n, rng, 1);
+    // Spoil one to three ranks' receive counts: one count off by some bytes, or two swapped.
+    std::vector<std::vector<std::uint64_t>> recv_counts(static_cast<std::size_t>(n));
+    for (rank_t j = 0; j < n; ++j)
+      for (rank_t i = 0; i < n; ++i) recv_counts[static_cast<std::size_t>(j)].push_back(t(i, j));
+    const int spoiled = 1 + static_cast<int>(rng() % 3);
+    for (int s = 0; s < spoiled; ++s) {
+      auto& c = recv_counts[rng() % static_cast<std::uint64_t>(n)];
+      const std::size_t i = rng() % static_cast<std::uint64_t>(n), k = rng() % static_cast<std::uint64_t>(n);
+      if (rng() % 2 && c[i] != c[k]) std::swap(c[i], c[k]);
+      else if (c[i] > 0 && rng() % 2) c[i] -= 1 + rng() % c[i];
+      else c[i] += 1 + rng() % 1000;
+    }
+    rank_t bad = -1, from = -1;
+    for (rank_t j = 0; j < n && bad < 0; ++j)
+      for (rank_t i = 0; i < n && bad < 0; ++i)
+        if (recv_counts[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] != t(i, j)) bad = j, from = i;
+    if (bad < 0) continue; // the spoiling undid itself
+    std::atomic<long> touched{0};
+    const auto errs = on_ranks<testing::counting_bootstrap<host_bootstrap>>(n, [&](rank_t r, auto& boot, host_transport& tr) {
+      engine<two_tier_topology, testing::counting_bootstrap<host_bootstrap>, host_transport, host_transport> eng(topo, boot, tr, tr);
+      layout l = layout_of(t, r, 1, 0);
+      l.recv_counts = recv_counts[static_cast<std::size_t>(r)];
+      l.recv_elems = 0;
+      for (rank_t i = 0; i < n; ++i) { // packed receive displacements for the spoiled counts
+        l.recv_displs[static_cast<std::size_t>(i)] = l.recv_elems;
+        l.recv_elems += l.recv_counts[static_cast<std::size_t>(i)];
+      }
+      std::vector<std::byte> send(l.send_elems, std::byte{0x11}), recv(l.recv_elems, testing::canary);
+      try {
+        eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+      } catch (...) {
+        touched += std::count_if(recv.begin(), recv.end(), [](std::byte b) { return b != testing::canary; });
+        throw;
+      }
+    }, std::chrono::milliseconds(5000));
+    CHECK(touched.load() == 0);
+    const std::string detail = "rank " + std::to_string(bad) + " expects " +
+                               std::to_string(recv_counts[static_cast<std::size_t>(bad)][static_cast<std::size_t>(from)]) +
+                               " bytes from rank " + std::to_string(from) + ", which sends " + std::to_string(t(from, bad)) +
+                               "; nothing was sent";
+    const std::string others = "rank " + std::to_string(bad) + "'s receive counts disagree";
+    for (rank_t r = 0; r < n; ++r) {
+      INFO("rank " << r << ": " << errs[static_cast<std::size_t>(r)]);
+      CHECK(errs[static_cast<std::size_t>(r)].find(r == bad ? detail : others) != std::string::npos);
+      CHECK(errs[static_cast<std::size_t>(r)].find("nothing was sent") != std::string::npos);
+    }
   }
 }

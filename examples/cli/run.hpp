@@ -42,25 +42,41 @@ inline long double memory_limit_bytes() {
   return limit;
 }
 
-/// What one rank's engine keeps between calls at n ranks, measured (issue 12, defect 7): the
-/// gathered counts (about 4 n words, from every rank: 32 n^2 bytes) and the traffic matrix rebuilt
-/// from them (8 n^2 bytes), plus its planner's scratch for a rank view. An estimate for refusing
-/// runs that cannot fit, stated here so that the check changes with the engine.
+/// What one rank's engine keeps between calls at n ranks of S servers x G GPUs, besides the
+/// gathered counts (engine_counts_bytes): prefix sums of its server's messages (32 G n bytes),
+/// signal counts and what it knows of each peer (about 500 n bytes), its plan and program, and the
+/// allocator's and its thread's overhead: 2048 n bytes in all besides the prefix sums, calibrated
+/// on the peak resident memory of `fasta2a run` at 16, 32 and 48 x 8 with 1 KiB per rank (39, 130
+/// and 381 MB measured; 41, 170 and 393 MB estimated with the buffers); plus its planner's scratch
+/// for a rank view (planner_scratch_bytes: S^2 server-pair work, O(S G) besides). An estimate for
+/// refusing runs that cannot fit, stated here so that the check changes with the engine
+/// (engine.hpp, "Memory"; issue 12, defect 7). Plans with far more stages than these (skewed
+/// matrices, many servers) have larger programs.
 template <class D> long double engine_bytes_per_rank(int servers, int gpus) {
   const long double n = static_cast<long double>(servers) * gpus;
-  return 40.0L * n * n + fa::planner_scratch_bytes<D>(servers, gpus, false);
+  return (32.0L * gpus + 2048.0L) * n + fa::planner_scratch_bytes<D>(servers, gpus, false);
+}
+
+/// The engine's gathered counts at n ranks: n (n + 10) words, the traffic matrix and a header per
+/// rank. Once per process: the host transport's thread-ranks share one copy, and an MPI process
+/// holds one rank.
+inline long double engine_counts_bytes(rank_t n) {
+  const long double ranks = n;
+  return 8.0L * ranks * (ranks + 10.0L);
 }
 
 /// Refuses, before anything is allocated, a run whose buffers or engine state cannot fit: a rank
 /// whose send or receive bytes pass what a process can address or hold (naming the rank and its
 /// largest message), or `ranks_here` ranks (all of them for the host transport, 1 under MPI) whose
-/// buffers, staging (at most their send bytes again) and engine state pass memory_limit_bytes().
+/// buffers, staging (at most their send bytes again) and engine state (engine_per_rank each, and
+/// the gathered counts once) pass memory_limit_bytes().
 /// `engine_per_rank` is engine_bytes_per_rank of the decomposer used.
 inline void check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t ranks_here,
                              long double engine_per_rank, const char* where) {
   const long double limit = memory_limit_bytes();
   const rank_t n = static_cast<rank_t>(t.rows());
-  long double all = 0;
+  const long double counts = engine_counts_bytes(n);
+  long double all = counts;
   for (rank_t r = first; r < first + ranks_here; ++r) {
     long double send = 0, recv = 0;
     rank_t big_to = 0, big_from = 0;
@@ -84,10 +100,10 @@ inline void check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t r
     all += need + engine_per_rank;
   }
   if (all > limit)
-    throw fa::error(strf("%d ranks need about %.0Lf bytes here (buffers and staging, and each rank's engine state of "
-                         "about %.0Lf bytes, which grows as ranks^2), more than %s can hold (%.0Lf bytes): run "
-                         "fewer ranks or smaller messages",
-                         ranks_here, all, engine_per_rank, where, limit));
+    throw fa::error(strf("%d ranks need about %.0Lf bytes here (buffers and staging, each rank's engine state of "
+                         "about %.0Lf bytes, and %.0Lf bytes of gathered counts, which grows as ranks^2), more than "
+                         "%s can hold (%.0Lf bytes): run fewer ranks or smaller messages",
+                         ranks_here, all, engine_per_rank, counts, where, limit));
 }
 
 /// Throws delivery_failure if any byte rank `me` received in call `call` differs from its

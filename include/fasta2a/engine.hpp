@@ -56,7 +56,8 @@ struct call_stats {
   double exchange_s = 0; ///< bootstrap exchanges (counts; handles only when registrations changed)
   double execute_s = 0;  ///< moving bytes: copies, balance, rail stages, redistribution
   double total_s = 0;
-  int exchanges = 0;     ///< bootstrap exchanges: 1, or 2 when a registration changed on some rank
+  int exchanges = 0;     ///< bootstrap exchanges: 1 (counts); +1 when some rank's displacements are not
+                         ///< packed (the displacements); +1 when a registration changed on some rank (handles)
   bool recovered = false; ///< this call first rebuilt the connections after a failed call (see engine)
   int registrations = 0; ///< register_memory calls this rank made (per transport pair)
   std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
@@ -173,12 +174,17 @@ struct event_of<M> {
 /// A call:
 /// 1. looks up the send and receive buffers among this engine's registrations (registering them
 ///    on a miss: registrations last, see `register_window` and engine_options::registration_cache);
-/// 2. makes ONE bootstrap exchange: the counts, each rank's verdict on its own arguments, a digest
-///    of its options (topology, plan options, decomposer, engine options) so that a rank configured
-///    differently is caught before any byte moves, and the id of its receive registration;
-/// 3. plans its own part of the plan (every rank computes the same plan from the same matrix);
+/// 2. makes ONE bootstrap exchange: the bytes it sends to each rank, its verdict on its own
+///    arguments, a digest of its options (topology, plan options, decomposer, engine options) so
+///    that a rank configured differently is caught before any byte moves, a check of its receive
+///    counts (so that counts that disagree fail every rank), whether its displacements are packed
+///    (messages in rank order, back to back: then every rank derives them from the send counts),
+///    and the id of its receive registration; only where some rank's displacements are not packed
+///    does a second exchange carry them;
+/// 3. plans its own part of the plan (every rank computes the same plan from the same matrix: the
+///    gathered send counts, read in place);
 /// 4. only when some rank's receive registration is new to its peers, or some rank's staging had
-///    to grow, a second exchange carries the new memory handles (every rank knows from step 2 and
+///    to grow, a further exchange carries the new memory handles (every rank knows from step 2 and
 ///    the plan whether this happens, so all agree);
 /// 5. builds its rank program (program.hpp: puts of contiguous runs coalesced) and runs it: self and
 ///    intra-server copies, then the stages as an event loop (balance puts rail_window stages
@@ -188,6 +194,18 @@ struct event_of<M> {
 ///
 /// The engine has its own connection on each transport (several engines may share transports).
 /// Staging memory is sized from the plan, grown when a plan needs more, and reused across calls.
+///
+/// Memory (issue 12): a rank's state grows as n^2 words at most, for n ranks of S servers of G
+/// GPUs. The counts exchange gathers n (n + 10) words, the traffic matrix itself, which the rank
+/// keeps until its next call and plans from in place; ranks that are threads of one process share
+/// one copy (SharedBootstrap: host_bootstrap), other bootstraps give each rank its own. Displacements
+/// that are not packed add n^2 words per side. Everything else is O(n G) words per rank (prefix
+/// sums of its server's messages, 4 G n; signal counts, 20 n; what it knows of each peer's
+/// registrations), plus its planner's scratch for a rank view (planner_scratch_bytes: the S^2
+/// server-pair work of decomposing the server matrix, O(S G) besides) and its plan and program,
+/// which grow with the stages the decomposer makes. At 4096 ranks (512 x 8): the gathered counts
+/// 134.5 MB (per process on threads, per rank over MPI), about 3 MB of other engine state per
+/// rank, and 11 MB of the planner's rank-view scratch per rank.
 ///
 /// Scale-out from memory the scale-out transport cannot register (device memory over an MPI that
 /// is not CUDA-aware: `registers_directly` is false): every buffer registered with the scale-out
@@ -511,14 +529,65 @@ private:
     std::optional<typename Out::remote> out;
   };
 
-  // The counts exchange: per rank a header, then per peer j the bytes sent to j, the bytes
-  // expected from j, the byte offset of j's message in the receive buffer and of the message to j
-  // in the send buffer.
-  enum header : std::size_t { h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered, h_failed, header_words };
-  std::size_t counts_words() const noexcept { return header_words + 4 * static_cast<std::size_t>(n_); }
-  std::uint64_t word(rank_t r, std::size_t k) const noexcept { return all_[static_cast<std::size_t>(r) * counts_words() + k]; }
-  bytes_t recv_displ(rank_t dst, rank_t src) const noexcept { return word(dst, header_words + 2 * n_ + src); }
-  bytes_t send_displ(rank_t src, rank_t dst) const noexcept { return word(src, header_words + 3 * n_ + dst); }
+  // The counts exchange: per rank a blob of n + header_words words, the bytes it sends to each
+  // rank, then a header. The gathered blobs are the traffic matrix with an outer stride (row i:
+  // the first n words of rank i's blob), which the planner reads in place. Receive counts and
+  // displacements are not gathered (see exchange_counts).
+  enum header : std::size_t {
+    h_verdict, h_elem, h_digest, h_recv_id, h_recv_base, h_ordered,
+    h_recv_check, ///< its receive counts' check: the sum of bytes x check_weight(sender), mod 2^64
+    h_packed,     ///< bit 0: its send displacements are packed, bit 1: its receive displacements
+    h_send_first, ///< packed send displacements: where the first message starts (bytes)
+    h_recv_first, ///< packed receive displacements: likewise
+    h_failed,     ///< its last call failed once bytes could move: every rank recovers (see recover)
+    header_words
+  };
+  static constexpr std::uint64_t send_packed = 1, recv_packed = 2;
+  std::size_t counts_words() const noexcept { return static_cast<std::size_t>(n_) + header_words; }
+  /// Header word k of rank r's blob in the last counts exchange.
+  std::uint64_t word(rank_t r, std::size_t k) const noexcept {
+    return all_[static_cast<std::size_t>(r) * counts_words() + static_cast<std::size_t>(n_) + k];
+  }
+  /// Bytes rank i sends rank j in this call.
+  bytes_t sent(rank_t i, rank_t j) const noexcept { return all_[static_cast<std::size_t>(i) * counts_words() + static_cast<std::size_t>(j)]; }
+  /// The traffic matrix of this call, in place in the gathered counts.
+  traffic_view traffic() const noexcept {
+    return Eigen::Map<const traffic_matrix, 0, Eigen::OuterStride<>>(all_, n_, n_, Eigen::OuterStride<>(static_cast<Eigen::Index>(counts_words())));
+  }
+  /// Rank r's weight in a receive check: odd, so that a single count off by d != 0 changes the
+  /// check by d * weight != 0 (mod 2^64).
+  static std::uint64_t check_weight(rank_t r) noexcept {
+    std::uint64_t z = static_cast<std::uint64_t>(r) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) | 1;
+  }
+
+  // Where messages sit, for the program builder. Packed displacements (every message with bytes
+  // in rank order, back to back, from a first offset) are derived from the gathered send counts:
+  // a rank's program needs offsets only of messages whose source or destination is on its server
+  // (every piece it sends, receives, balances or redistributes is one), so it keeps their prefix
+  // sums, 4 G n words. Displacements of other shapes come from a second exchange.
+  bytes_t send_displ(rank_t src, rank_t dst) const noexcept {
+    if (send_displs_) return send_displs_[static_cast<std::size_t>(src) * displ_words_ + static_cast<std::size_t>(dst)];
+    const bytes_t first = word(src, h_send_first);
+    const auto nn = static_cast<std::size_t>(n_), G = static_cast<std::size_t>(G_);
+    if (same_server(src, me_)) return first + send_rows_[static_cast<std::size_t>(src - home_) * nn + static_cast<std::size_t>(dst)];
+    if (same_server(dst, me_)) return first + send_cols_[static_cast<std::size_t>(src) * G + static_cast<std::size_t>(dst - home_)];
+    bytes_t at = first; // no program asks for this one; correct, not fast
+    for (rank_t k = 0; k < dst; ++k) at += sent(src, k);
+    return at;
+  }
+  bytes_t recv_displ(rank_t dst, rank_t src) const noexcept {
+    if (recv_displs_) return recv_displs_[static_cast<std::size_t>(dst) * displ_words_ + static_cast<std::size_t>(src)];
+    const bytes_t first = word(dst, h_recv_first);
+    const auto nn = static_cast<std::size_t>(n_);
+    if (same_server(dst, me_)) return first + recv_cols_[static_cast<std::size_t>(dst - home_) * nn + static_cast<std::size_t>(src)];
+    if (same_server(src, me_)) return first + recv_rows_[static_cast<std::size_t>(src - home_) * nn + static_cast<std::size_t>(dst)];
+    bytes_t at = first; // no program asks for this one; correct, not fast
+    for (rank_t k = 0; k < src; ++k) at += sent(k, dst);
+    return at;
+  }
 
   /// Where messages sit, for the program builder: from the counts exchange.
   struct layout {
@@ -618,9 +687,9 @@ private:
         problem = std::string("registering its buffers: ") + e.what();
       }
     }
-    exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
+    const int counted = exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
     const auto t1 = clock::now();
-    planner_.make_rank_into(traffic_, me_, plan_); // this rank's part only (the same error on every rank)
+    planner_.make_rank_into(traffic(), me_, plan_); // this rank's part only, from the gathered counts in place (the same error on every rank)
     const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
     // From here on peers may put into this rank's buffers: an error abandons the call.
@@ -646,7 +715,7 @@ private:
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
     stats_.plan_s = sec(t1, t2) + sec(t3, t4);
     stats_.exchange_s = sec(t0, t1) + sec(t2, t3);
-    stats_.exchanges = handles ? 2 : 1;
+    stats_.exchanges = counted + (handles ? 1 : 0);
     stats_.puts = cur_.program.puts();
     stats_.pieces_sent = cur_.program.pieces_sent();
   }
@@ -848,29 +917,76 @@ private:
 
   // --- the counts exchange ------------------------------------------------------------------
 
-  void exchange_counts(const std::string& problem, const registration* rreg, std::span<std::byte> recv,
-                       std::span<const std::uint64_t> send_counts, std::span<const std::uint64_t> send_displs,
-                       std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
-                       std::size_t elem_size, bool ordered) {
+  /// One exchange of `mine` (words), returning every rank's words, rank after rank: in a buffer
+  /// shared with the other ranks of this process where the bootstrap offers one
+  /// (SharedBootstrap: `shared` holds it until the next exchange of the kind), else in `own`.
+  const std::uint64_t* gather(std::span<const std::uint64_t> mine, std::shared_ptr<const std::vector<std::byte>>& shared,
+                              std::vector<std::uint64_t>& own) {
+    const std::size_t bytes = mine.size_bytes() * static_cast<std::size_t>(n_);
+    shared.reset(); // the previous call's, before the new one is made
+    if constexpr (SharedBootstrap<Boot>) {
+      shared = boot_->allgather_shared(std::as_bytes(mine));
+      if (!shared || shared->size() != bytes)
+        throw error("bootstrap: a shared allgather of " + std::to_string(mine.size_bytes()) + " bytes per rank returned " +
+                    std::to_string(shared ? shared->size() : 0) + " bytes, not " + std::to_string(bytes));
+      return reinterpret_cast<const std::uint64_t*>(shared->data());
+    } else {
+      own.assign(mine.size() * static_cast<std::size_t>(n_), 0);
+      boot_->allgather(std::as_bytes(mine), std::as_writable_bytes(std::span(own)));
+      return own.data();
+    }
+  }
+
+  /// The counts exchange: ONE allgather of this rank's send counts (bytes) and a header (its
+  /// verdict on its arguments, element size, options digest, receive registration, call form, a
+  /// check of its receive counts, and whether its displacements are packed). Per rank n +
+  /// header_words words are contributed and n (n + header_words) gathered: the traffic matrix
+  /// itself, shared by the ranks of a process (SharedBootstrap). Receive counts are not gathered:
+  /// each rank compares its own with its column, and every other rank compares the check in its
+  /// header with the same column, so a disagreement fails every rank in this exchange. Where some
+  /// rank's displacements are not packed, a second exchange carries the displacements of the
+  /// sides that need them (every rank knows from the headers). Returns the exchanges made.
+  int exchange_counts(const std::string& problem, const registration* rreg, std::span<std::byte> recv,
+                      std::span<const std::uint64_t> send_counts, std::span<const std::uint64_t> send_displs,
+                      std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs,
+                      std::size_t elem_size, bool ordered) {
+    const auto nn = static_cast<std::size_t>(n_);
     const std::size_t w = counts_words();
     mine_.assign(w, 0);
-    mine_[h_verdict] = problem.empty() ? 0 : 1;
-    mine_[h_ordered] = ordered ? 1 : 0;
-    mine_[h_elem] = elem_size;
-    mine_[h_digest] = digest_;
-    mine_[h_failed] = failed_seen_ ? 1 : 0;
-    if (problem.empty()) {
-      mine_[h_recv_id] = rreg->id;
-      mine_[h_recv_base] = static_cast<std::uint64_t>(recv.data() - rreg->ptr);
-      for (rank_t j = 0; j < n_; ++j) {
-        mine_[header_words + j] = send_counts[j] * elem_size;
-        mine_[header_words + n_ + j] = recv_counts[j] * elem_size;
-        mine_[header_words + 2 * n_ + j] = recv_displs[j] * elem_size;
-        mine_[header_words + 3 * n_ + j] = send_displs[j] * elem_size;
+    std::uint64_t* h = mine_.data() + nn;
+    h[h_verdict] = problem.empty() ? 0 : 1;
+    h[h_ordered] = ordered ? 1 : 0;
+    h[h_elem] = elem_size;
+    h[h_digest] = digest_;
+    h[h_failed] = failed_seen_ ? 1 : 0;
+    // Messages with bytes in rank order, back to back from the first: where they start (elements).
+    auto packed = [&](std::span<const std::uint64_t> counts, std::span<const std::uint64_t> displs, std::uint64_t& first) {
+      bool any = false;
+      std::uint64_t next = 0;
+      first = 0;
+      for (std::size_t j = 0; j < nn; ++j) {
+        if (counts[j] == 0) continue;
+        if (!any) first = next = displs[j], any = true;
+        if (displs[j] != next) return false;
+        next += counts[j]; // displs[j] + counts[j] fits in 64 bits (check_arguments)
       }
+      return true;
+    };
+    if (problem.empty()) {
+      h[h_recv_id] = rreg->id;
+      h[h_recv_base] = static_cast<std::uint64_t>(recv.data() - rreg->ptr);
+      std::uint64_t check = 0, first = 0;
+      for (std::size_t j = 0; j < nn; ++j) {
+        mine_[j] = send_counts[j] * elem_size;
+        check += recv_counts[j] * elem_size * check_weight(static_cast<rank_t>(j));
+      }
+      h[h_recv_check] = check;
+      if (packed(send_counts, send_displs, first)) h[h_packed] |= send_packed, h[h_send_first] = first * elem_size;
+      if (packed(recv_counts, recv_displs, first)) h[h_packed] |= recv_packed, h[h_recv_first] = first * elem_size;
     }
-    all_.assign(w * n_, 0);
-    exchange(std::as_bytes(std::span(mine_)), std::as_writable_bytes(std::span(all_)), "counts");
+    send_displs_ = recv_displs_ = nullptr;
+    all_ = nullptr; // until the exchange succeeds
+    all_ = guarded("counts", [&] { return gather(mine_, all_shared_, all_own_); });
     // Every rank sees the same flags: all recover here, before anything else can fail.
     std::string failed;
     for (rank_t r = 0; r < n_; ++r)
@@ -892,15 +1008,81 @@ private:
         throw error("rank " + std::to_string(r) + " uses elements of " + std::to_string(word(r, h_elem)) +
                     " bytes, rank " + std::to_string(me_) + " of " + std::to_string(elem_size));
     }
-    traffic_.resize(n_, n_);
-    for (rank_t i = 0; i < n_; ++i)
-      for (rank_t j = 0; j < n_; ++j) traffic_(i, j) = word(i, header_words + j);
-    for (rank_t j = 0; j < n_; ++j)
-      for (rank_t i = 0; i < n_; ++i)
-        if (word(j, header_words + n_ + i) != traffic_(i, j))
-          throw error("rank " + std::to_string(j) + " expects " + std::to_string(word(j, header_words + n_ + i)) +
-                      " bytes from rank " + std::to_string(i) + ", which sends " +
-                      std::to_string(traffic_(i, j)) + "; nothing was sent");
+    // Receive counts against the columns of the send counts: every rank fails naming the lowest
+    // rank whose counts disagree; that rank names the first sender and both counts.
+    column_check_.assign(nn, 0);
+    for (rank_t i = 0; i < n_; ++i) {
+      const std::uint64_t wi = check_weight(i);
+      const std::uint64_t* row = all_ + static_cast<std::size_t>(i) * w;
+      for (std::size_t j = 0; j < nn; ++j) column_check_[j] += row[j] * wi;
+    }
+    for (rank_t j = 0; j < n_; ++j) {
+      if (j == me_) {
+        for (rank_t i = 0; i < n_; ++i)
+          if (recv_counts[static_cast<std::size_t>(i)] * elem_size != sent(i, j))
+            throw error("rank " + std::to_string(j) + " expects " + std::to_string(recv_counts[static_cast<std::size_t>(i)] * elem_size) +
+                        " bytes from rank " + std::to_string(i) + ", which sends " + std::to_string(sent(i, j)) +
+                        "; nothing was sent");
+      } else if (word(j, h_recv_check) != column_check_[static_cast<std::size_t>(j)]) {
+        throw error("rank " + std::to_string(j) + "'s receive counts disagree with the bytes the ranks send it (rank " +
+                    std::to_string(j) + "'s error names the first); nothing was sent");
+      }
+    }
+    // Displacements: derived from the send counts where every rank's are packed, else exchanged.
+    bool all_send = true, all_recv = true;
+    for (rank_t r = 0; r < n_; ++r) {
+      all_send &= (word(r, h_packed) & send_packed) != 0;
+      all_recv &= (word(r, h_packed) & recv_packed) != 0;
+    }
+    home_ = me_ / G_ * G_;
+    const auto G = static_cast<std::size_t>(G_), home = static_cast<std::size_t>(home_);
+    if (all_send) {
+      // Offsets in this server's ranks' send buffers (G rows of prefix sums), and in every rank's
+      // send buffer of its messages to this server's ranks (n x G).
+      send_rows_.resize(G * nn);
+      for (std::size_t a = 0; a < G; ++a) {
+        bytes_t at = 0;
+        for (std::size_t j = 0; j < nn; ++j) send_rows_[a * nn + j] = at, at += sent(static_cast<rank_t>(home + a), static_cast<rank_t>(j));
+      }
+      send_cols_.resize(nn * G);
+      for (std::size_t i = 0; i < nn; ++i) {
+        const std::uint64_t* row = all_ + i * w;
+        bytes_t at = 0;
+        for (std::size_t k = 0; k < home; ++k) at += row[k];
+        for (std::size_t b = 0; b < G; ++b) send_cols_[i * G + b] = at, at += row[home + b];
+      }
+    }
+    if (all_recv) {
+      // Offsets in this server's ranks' receive buffers of every rank's message (G columns of
+      // prefix sums), and in every rank's receive buffer of the messages from this server's ranks.
+      recv_cols_.resize(G * nn);
+      recv_rows_.assign(G * nn, 0);
+      for (std::size_t i = 0; i < nn; ++i) {
+        const std::uint64_t* row = all_ + i * w;
+        for (std::size_t b = 0; b < G; ++b) recv_cols_[b * nn + i] = i == 0 ? 0 : recv_cols_[b * nn + i - 1] + all_[(i - 1) * w + home + b];
+        if (i < home) // recv_rows_[0]: the column sums of the rows above this server
+          for (std::size_t j = 0; j < nn; ++j) recv_rows_[j] += row[j];
+      }
+      for (std::size_t a = 1; a < G; ++a) {
+        const std::uint64_t* row = all_ + (home + a - 1) * w;
+        for (std::size_t j = 0; j < nn; ++j) recv_rows_[a * nn + j] = recv_rows_[(a - 1) * nn + j] + row[j];
+      }
+    }
+    if (all_send && all_recv) {
+      displs_shared_.reset();
+      displs_own_ = {};
+      return 1;
+    }
+    displ_words_ = (all_send ? 0 : nn) + (all_recv ? 0 : nn);
+    mine_.assign(displ_words_, 0);
+    for (std::size_t j = 0; j < nn; ++j) {
+      if (!all_send) mine_[j] = send_displs[j] * elem_size;
+      if (!all_recv) mine_[displ_words_ - nn + j] = recv_displs[j] * elem_size;
+    }
+    const std::uint64_t* d = guarded("displacements", [&] { return gather(mine_, displs_shared_, displs_own_); });
+    if (!all_send) send_displs_ = d;
+    if (!all_recv) recv_displs_ = d + (displ_words_ - nn);
+    return 2;
   }
 
   // --- staging and the handle exchange -------------------------------------------------------
@@ -973,6 +1155,23 @@ private:
     return needed;
   }
 
+  // One exchange of handles: shared by the ranks of the process where the bootstrap can.
+  const std::byte* gather_bytes(std::span<const std::byte> mine) {
+    const std::size_t bytes = mine.size() * static_cast<std::size_t>(n_);
+    handles_shared_.reset();
+    if constexpr (SharedBootstrap<Boot>) {
+      handles_shared_ = boot_->allgather_shared(mine);
+      if (!handles_shared_ || handles_shared_->size() != bytes)
+        throw error("bootstrap: a shared allgather of " + std::to_string(mine.size()) + " bytes per rank returned " +
+                    std::to_string(handles_shared_ ? handles_shared_->size() : 0) + " bytes, not " + std::to_string(bytes));
+      return handles_shared_->data();
+    } else {
+      all_handles_.assign(bytes, std::byte{0});
+      boot_->allgather(mine, all_handles_);
+      return all_handles_.data();
+    }
+  }
+
   void exchange_handles(const registration& rreg) {
     constexpr std::size_t hu = Up::handle_bytes, ho = Out::handle_bytes;
     constexpr std::size_t blob = 16 + 2 * hu + 2 * ho;
@@ -990,10 +1189,9 @@ private:
       put_handle(16 + hu + ho, up_->serialize(staging_reg_->up), hu);
       put_handle(16 + 2 * hu + ho, out_->serialize(staging_reg_->out), ho);
     }
-    all_handles_.assign(blob * static_cast<std::size_t>(n_), std::byte{0});
-    exchange(handles_, all_handles_, "memory handles");
+    const std::byte* all_handles = guarded("memory handles", [&] { return gather_bytes(handles_); });
     for (rank_t r = 0; r < n_; ++r) {
-      const std::byte* b = all_handles_.data() + blob * static_cast<std::size_t>(r);
+      const std::byte* b = all_handles + blob * static_cast<std::size_t>(r);
       std::uint64_t got[2];
       std::memcpy(got, b, 16);
       const bool up = same_server(r, me_) && r != me_, out = !same_server(r, me_);
@@ -1026,9 +1224,10 @@ private:
   // --- failures: abandon, settle, recover --------------------------------------------------
 
   // A bootstrap exchange; its failure leaves the engine unusable (see the class comment).
-  void exchange(std::span<const std::byte> mine, std::span<std::byte> all, const char* what) {
+  template <class Exchange>
+  auto guarded(const char* what, Exchange&& exchange) {
     try {
-      boot_->allgather(mine, all);
+      return exchange();
     } catch (const std::exception& e) {
       gone_ = std::string("the exchange of ") + what + " failed (" + e.what() + ")";
       throw error("rank " + std::to_string(me_) + ": the exchange of " + what + " failed: " + e.what() +
@@ -1409,12 +1608,26 @@ private:
   int G_ = 1;
   std::uint64_t digest_ = 0;
   plan plan_;
-  traffic_matrix traffic_;
   call_stats stats_;
   program_builder<layout> builder_;
   exec cur_; ///< the call being prepared (host form: and executed)
-  std::vector<std::uint64_t> mine_, all_, expected_, signalled_;
+  std::vector<std::uint64_t> mine_, expected_, signalled_;
   std::vector<std::byte> handles_, all_handles_;
+  std::shared_ptr<const std::vector<std::byte>> handles_shared_;
+
+  // The last counts exchange (see exchange_counts): every rank's send counts and header, held
+  // until the next call, shared with the process's other ranks where the bootstrap can.
+  const std::uint64_t* all_ = nullptr;
+  std::shared_ptr<const std::vector<std::byte>> all_shared_;
+  std::vector<std::uint64_t> all_own_, column_check_;
+  // Displacements: prefix sums of the send counts for this server's messages where every rank's
+  // are packed (4 G n words), else the second exchange's (null where not exchanged).
+  rank_t home_ = 0; ///< this server's first rank
+  std::vector<bytes_t> send_rows_, send_cols_, recv_cols_, recv_rows_;
+  const std::uint64_t *send_displs_ = nullptr, *recv_displs_ = nullptr;
+  std::size_t displ_words_ = 0;
+  std::shared_ptr<const std::vector<std::byte>> displs_shared_;
+  std::vector<std::uint64_t> displs_own_;
 
   // Registrations: this rank's buffers (windows and cached), its staging, what it knows of peers.
   std::vector<registration> regs_;

@@ -67,14 +67,16 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
 
 /// What a planner with decomposer D allocates before its first piece, for S servers of G GPUs:
 /// the server matrix, per-pair stage index and weights (32 bytes per server pair), the rail
-/// capacities and the staging layout's two bases (24 bytes per server pair and rail), the
-/// decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message index
-/// (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the planner
-/// refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
+/// capacities and the staging layout's two bases (24 bytes per server pair and rail; a rank's view
+/// keeps them only for the 2 S pairs that touch its server, and sums per rank: 16 more per rank),
+/// the decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message
+/// index (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the
+/// planner refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
 template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept {
   const long double S = servers, G = gpus, pairs = S * S, n = S * G;
-  return pairs * (32.0L + static_cast<long double>(decomposer_scratch_per_pair<D>())) + pairs * G * 24.0L +
-         n * 40.0L + (whole_plan ? n * n * 8.0L : 0.0L);
+  return pairs * (32.0L + static_cast<long double>(decomposer_scratch_per_pair<D>())) +
+         (whole_plan ? pairs * G * 24.0L : 2.0L * S * G * 24.0L + n * 16.0L) + n * 40.0L +
+         (whole_plan ? n * n * 8.0L : 0.0L);
 }
 
 /// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
@@ -93,29 +95,30 @@ public:
   /// M of the last plan: per-rail bytes between servers.
   const server_matrix& rail_matrix() const noexcept { return m_; }
 
-  /// The plan for traffic matrix t (ranks x ranks bytes). Throws fasta2a::error on a matrix that
-  /// does not fit the topology or whose sums overflow, plan_too_large past max_plan_bytes.
-  plan make(const traffic_matrix& t) {
+  /// The plan for traffic matrix t (ranks x ranks bytes; a traffic_matrix, or a view of rows that
+  /// lie apart, read in place). Throws fasta2a::error on a matrix that does not fit the topology or
+  /// whose sums overflow, plan_too_large past max_plan_bytes.
+  plan make(const traffic_view& t) {
     plan p;
     make_into(t, p);
     return p;
   }
 
   /// As `make`, reusing p's storage.
-  void make_into(const traffic_matrix& t, plan& p) { build(t, p, -1); }
+  void make_into(const traffic_view& t, plan& p) { build(t, p, -1); }
 
   /// Rank r's part of the plan: the stages, every piece rank r sends, receives or carries on its
   /// rail, and r's ops; nothing of other ranks. The pieces and ops are exactly those of the whole
   /// plan for r (same values, same order), at a fraction of the cost: phase 1 runs only for the
   /// server pairs that touch r's server. This is what each rank computes per call.
-  plan make_rank(const traffic_matrix& t, rank_t r) {
+  plan make_rank(const traffic_view& t, rank_t r) {
     plan p;
     make_rank_into(t, r, p);
     return p;
   }
 
   /// As `make_rank`, reusing p's storage.
-  void make_rank_into(const traffic_matrix& t, rank_t r, plan& p) {
+  void make_rank_into(const traffic_view& t, rank_t r, plan& p) {
     if (r < 0 || r >= topo_.ranks())
       throw error("rank " + std::to_string(r) + " is not in a topology of " + std::to_string(topo_.ranks()) +
                   " ranks");
@@ -123,7 +126,7 @@ public:
   }
 
 private:
-  void build(const traffic_matrix& t, plan& p, rank_t view) {
+  void build(const traffic_view& t, plan& p, rank_t view) {
     const rank_t n = topo_.ranks();
     const int S = topo_.servers();
     const int G = gpus();
@@ -212,17 +215,36 @@ private:
                            "); raise plan_options::max_plan_bytes");
   }
 
+  // Where a server pair's rail capacities and staging bases are kept: every pair's for a whole
+  // plan; for a rank's view only the 2 S - 1 pairs that touch its server (the only ones it makes
+  // pieces of), so that a view's scratch grows as S G, not S^2 G.
+  static std::size_t pair_slot(const plan& p, int S, int G, int s, int d) noexcept {
+    if (p.view < 0) return static_cast<std::size_t>(s) * S + d;
+    const int home = p.view / G;
+    return s == home ? static_cast<std::size_t>(d) : static_cast<std::size_t>(S) + s;
+  }
+
   // Rail capacities of every server pair (phase 1's loads), M, and the staging layout
   // (detail::staging_layout): a rail's capacity is exactly the bytes its stream will carry, so the
   // layout is known before any piece is made, and a rank's view places its pieces in the same
-  // slots as the whole plan.
-  void rail_layout(const traffic_matrix& t, plan& p) {
+  // slots as the whole plan. A view keeps the capacities and bases of the pairs that touch its
+  // server only, summing the others' loads as it goes (the same sums, in the same order).
+  void rail_layout(const traffic_view& t, plan& p) {
     const int S = topo_.servers(), G = gpus();
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
+    const bool view = p.view >= 0;
+    const int home = view ? p.view / G : -1;
     m_.setZero(S, S);
-    caps_.assign(SSG, 0);
+    caps_.assign(view ? 2 * SG : SSG, 0);
+    if (view) {
+      other_caps_.assign(static_cast<std::size_t>(G), 0);
+      view_out_.assign(2 * SG, 0);
+      view_in_.assign(2 * SG, 0);
+      out_sum_.assign(SG, 0);
+      in_sum_.assign(SG, 0);
+    }
     if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
-    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    const std::size_t ld = static_cast<std::size_t>(t.outerStride());
     const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
     if (nic) nic_.assign(2 * SG, 0);
     // One pass over the matrix. Entries are non-negative, so if the total fits in 64 bits every
@@ -248,13 +270,39 @@ private:
         for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
           for (int j = i; j > 0 && blk[order_[j] * (ld + 1)] > blk[order_[j - 1] * (ld + 1)]; --j)
             std::swap(order_[j], order_[j - 1]);
-        m_(s, d) = rail_capacities(v, G, opt_.granule, order_.data(), caps_.data() + (static_cast<std::size_t>(s) * S + d) * G);
+        const bool kept = !view || s == home || d == home;
+        bytes_t* cap = kept ? caps_.data() + pair_slot(p, S, G, s, d) * G : other_caps_.data();
+        m_(s, d) = rail_capacities(v, G, opt_.granule, order_.data(), cap);
+        if (view && D::staged) // staging_layout::build's two passes, summed in one
+          for (int k = 0; k < G; ++k) {
+            bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
+            bytes_t& in = in_sum_[static_cast<std::size_t>(d) * G + k];
+            if (kept) {
+              view_out_[pair_slot(p, S, G, s, d) * G + k] = out;
+              view_in_[pair_slot(p, S, G, s, d) * G + k] = in; // the destination's balance regions come first: below
+            }
+            out += cap[k];
+            in += cap[k];
+          }
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
     p.total_bytes = total;
     // Direct sending stages nothing.
-    if (D::staged) layout_.build(S, G, caps_.data(), p.staging_bytes);
-    else p.staging_bytes.assign(SG, 0);
+    if (!D::staged) {
+      p.staging_bytes.assign(SG, 0);
+    } else if (!view) {
+      layout_.build(S, G, caps_.data(), p.staging_bytes);
+    } else {
+      p.staging_bytes.assign(SG, 0);
+      for (std::size_t r = 0; r < SG; ++r) p.staging_bytes[r] = out_sum_[r] + in_sum_[r];
+      for (int x = 0; x < S; ++x) { // the kept pairs: (home, x), and (x, home) for x != home
+        const std::size_t a = static_cast<std::size_t>(x), b = static_cast<std::size_t>(S) + x;
+        for (int k = 0; k < G; ++k) {
+          view_in_[a * G + k] += out_sum_[a * G + k];
+          if (x != home) view_in_[b * G + k] += out_sum_[static_cast<std::size_t>(home) * G + k];
+        }
+      }
+    }
   }
 
   // The model the direct fallback compares in: the topology's, at the option's alpha.
@@ -287,8 +335,8 @@ private:
     }
   }
 
-  static bytes_t at(const traffic_matrix& t, rank_t i, rank_t j) noexcept {
-    return t.data()[static_cast<std::size_t>(i) * t.cols() + j];
+  static bytes_t at(const traffic_view& t, rank_t i, rank_t j) noexcept {
+    return t.data()[static_cast<std::size_t>(i) * static_cast<std::size_t>(t.outerStride()) + j];
   }
 
   // For every server pair (s, d), the stages in which s sends to d (CSR), and -1 in the plan's
@@ -339,7 +387,7 @@ private:
 
   // Same-server traffic (self copies and direct scale-up), and every message of the direct
   // baseline: one piece each, no rail.
-  void emit_unstaged_pair(const traffic_matrix& t, plan& p, int s, int d) {
+  void emit_unstaged_pair(const traffic_view& t, plan& p, int s, int d) {
     const int G = gpus();
     for (int a = 0; a < G; ++a)
       for (int b = 0; b < G; ++b) {
@@ -358,7 +406,7 @@ private:
   }
 
   // Phase 1 for server pair (s, d), then the pieces, each rail filling the pair's stages in order.
-  void emit_pair(const traffic_matrix& t, plan& p, int s, int d) {
+  void emit_pair(const traffic_view& t, plan& p, int s, int d) {
     const int G = gpus();
     const int S = p.servers;
     const std::size_t GG = static_cast<std::size_t>(G) * G;
@@ -373,12 +421,12 @@ private:
       bfs_.resize(G);
     }
     if (y_.size() < GG) y_.resize(GG);
-    const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * t.cols() + d * G;
-    const std::size_t ld = static_cast<std::size_t>(t.cols());
+    const std::size_t ld = static_cast<std::size_t>(t.outerStride());
+    const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
     auto B = [&](int a, int b) { return blk[a * ld + b]; };
 
-    const std::size_t pr = static_cast<std::size_t>(s) * S + d;
-    std::copy_n(caps_.data() + pr * G, G, cap_.data());
+    const std::size_t pr = static_cast<std::size_t>(s) * S + d, slot = pair_slot(p, S, G, s, d);
+    std::copy_n(caps_.data() + slot * G, G, cap_.data());
 
     // 1. A byte from GPU k to GPU k stays on rail k: no scale-up hop at all.
     for (int k = 0; k < G; ++k) res_[k] = cap_[k] - std::min(B(k, k), cap_[k]);
@@ -412,8 +460,8 @@ private:
       used_[k] = 0;
       railpos_[k] = 0;
     }
-    const bytes_t* out_base = layout_.out_base(pr * G);
-    const bytes_t* in_base = layout_.in_base(pr * G);
+    const bytes_t* out_base = p.view < 0 ? layout_.out_base(pr * G) : view_out_.data() + slot * G;
+    const bytes_t* in_base = p.view < 0 ? layout_.in_base(pr * G) : view_in_.data() + slot * G;
     bytes_t* railpos = railpos_.data();
     const rank_t view = p.view;
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
@@ -551,8 +599,9 @@ private:
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
   std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
-  std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities
-  detail::staging_layout layout_;
+  std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities (a view: pair_slot)
+  detail::staging_layout layout_;                   // a whole plan's staging bases
+  std::vector<bytes_t> other_caps_, view_out_, view_in_, out_sum_, in_sum_; // a view's (rail_layout)
   std::vector<bytes_t> nic_;                        // per rank: inter-server bytes out, then in
   std::vector<std::size_t> cursor_;
   std::vector<int> order_, parent_, bfs_;

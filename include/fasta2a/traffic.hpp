@@ -26,6 +26,12 @@ namespace fasta2a {
 /// Bytes rank i sends to rank j, row-major. Entry [i][i] is a local copy.
 using traffic_matrix = Eigen::Matrix<bytes_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+/// A read-only view of a traffic matrix whose rows may lie apart in memory: row i starts
+/// `outerStride()` entries after row i - 1 (the engine plans from the gathered send counts in
+/// place, each rank's row followed by its header). A traffic_matrix, or an
+/// `Eigen::Map<const traffic_matrix, 0, Eigen::OuterStride<>>`, binds to it without a copy.
+using traffic_view = Eigen::Ref<const traffic_matrix, 0, Eigen::OuterStride<>>;
+
 namespace detail {
 
 inline void require_positive_ranks(rank_t n, const char* who) {
@@ -48,7 +54,7 @@ inline bytes_t add_or_throw(bytes_t a, bytes_t b, Message&& message) {
 /// Returns the total bytes of `m`. Throws fasta2a::error unless `m` is n x n with n > 0, and unless
 /// every row sum, every column sum and the total fit in 64 bits; the message names the offending
 /// size, row or column.
-inline bytes_t check_traffic(const traffic_matrix& m, rank_t n) {
+inline bytes_t check_traffic(const traffic_view& m, rank_t n) {
   detail::require_positive_ranks(n, "check_traffic");
   if (m.rows() != n || m.cols() != n)
     throw error("traffic matrix is " + std::to_string(m.rows()) + " x " + std::to_string(m.cols()) +

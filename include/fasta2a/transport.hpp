@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <thread>
 #include <vector>
@@ -24,6 +25,17 @@ concept Bootstrap = requires(B& b, std::span<const std::byte> mine, std::span<st
   { b.rank() } -> std::convertible_to<rank_t>;
   { b.size() } -> std::convertible_to<rank_t>;
   b.allgather(mine, all);
+};
+
+/// A Bootstrap whose ranks share one address space (threads of one process) may also offer
+/// `b.allgather_shared(mine)`: the same exchange, in the same order as the plain one, returning
+/// one read-only buffer of every rank's blob that all ranks of the process share, instead of a
+/// copy per rank. Nothing writes the buffer after the exchange returns (a later exchange makes a
+/// new one); it lives while anyone holds it. The engine uses it where a bootstrap offers it, so
+/// that n thread-ranks hold one gathered counts buffer (n^2 words), not n of them.
+template <class B>
+concept SharedBootstrap = Bootstrap<B> && requires(B& b, std::span<const std::byte> mine) {
+  { b.allgather_shared(mine) } -> std::convertible_to<std::shared_ptr<const std::vector<std::byte>>>;
 };
 
 /// A signal channel: an opaque id chosen by whoever owns the connection (the engine uses one per

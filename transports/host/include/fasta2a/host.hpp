@@ -88,15 +88,23 @@ public:
     regions_.erase(id);
   }
 
-  /// Allgather among all ranks of the fabric. Two buffers alternate by generation: a rank can only
-  /// write generation g + 2 after every rank has arrived at g + 1, so after it read generation g.
-  /// A rank that times out leaves the fabric's bootstrap unusable (it has contributed to a
+  /// Allgather among all ranks of the fabric, into each rank's own `all`. A rank that times out leaves the fabric's bootstrap unusable (it has contributed to a
   /// generation the others may never complete): every later allgather on every rank throws, and
   /// ranks waiting in one wake up and throw (see host_fabric::broken).
   void allgather(rank_t rank, std::span<const std::byte> mine, std::span<std::byte> all) {
     if (all.size() != mine.size() * ranks_)
       throw error("host bootstrap: allgather of " + std::to_string(mine.size()) + " bytes per rank needs " +
                   std::to_string(mine.size() * ranks_) + " bytes, got " + std::to_string(all.size()));
+    const auto gathered = allgather_shared(rank, mine);
+    std::memcpy(all.data(), gathered->data(), all.size());
+  }
+
+  /// Allgather among all ranks of the fabric, every rank handed the same buffer: the threads of
+  /// the process hold one copy of the gathered blobs, not one each. Each generation gathers into
+  /// a buffer of its own, never written once every rank has arrived; the fabric keeps the last two
+  /// (a rank can only start generation g + 2 after every rank has arrived at g + 1, so after it
+  /// took generation g's), and the ranks keep theirs as long as they hold them.
+  std::shared_ptr<const std::vector<std::byte>> allgather_shared(rank_t rank, std::span<const std::byte> mine) {
     std::unique_lock lock(mutex_);
     if (!broken_.empty())
       throw error("host bootstrap: rank " + std::to_string(rank) + " cannot exchange: the fabric's bootstrap is unusable since " +
@@ -105,13 +113,13 @@ public:
     auto& buf = buffers_[gen % 2];
     if (arrived_ == 0) {
       blob_ = mine.size();
-      buf.assign(blob_ * ranks_, std::byte{0});
+      buf = std::make_shared<std::vector<std::byte>>(blob_ * ranks_, std::byte{0});
       std::fill(arrived_flags_.begin(), arrived_flags_.end(), 0);
     } else if (mine.size() != blob_) {
       throw error("host bootstrap: rank " + std::to_string(rank) + " contributes " +
                   std::to_string(mine.size()) + " bytes, the others " + std::to_string(blob_));
     }
-    std::memcpy(buf.data() + blob_ * rank, mine.data(), mine.size());
+    if (!mine.empty()) std::memcpy(buf->data() + blob_ * rank, mine.data(), mine.size());
     arrived_flags_[rank] = 1;
     if (++arrived_ == ranks_) {
       arrived_ = 0;
@@ -131,7 +139,7 @@ public:
       throw error("host bootstrap: rank " + std::to_string(rank) + "'s allgather was abandoned: " + broken_ +
                   "; make a new host_fabric (and engines on it) on every rank");
     }
-    std::memcpy(all.data(), buf.data(), all.size());
+    return buf;
   }
 
 private:
@@ -149,7 +157,7 @@ private:
   rank_t arrived_ = 0;
   std::size_t blob_ = 0;
   std::vector<char> arrived_flags_;
-  std::vector<std::byte> buffers_[2];
+  std::shared_ptr<std::vector<std::byte>> buffers_[2];
   std::string broken_; ///< why the bootstrap is unusable ("" while it works)
   std::uint64_t region_ids_ = 0;
   std::unordered_map<std::uint64_t, std::shared_ptr<region>> regions_; ///< live regions
@@ -167,6 +175,11 @@ public:
   rank_t size() const noexcept { return fabric_->size(); }
   void allgather(std::span<const std::byte> mine, std::span<std::byte> all) {
     fabric_->allgather(rank_, mine, all);
+  }
+  /// The same exchange, every thread-rank of the fabric handed one shared buffer
+  /// (SharedBootstrap): what the engine uses, so that the threads hold one copy of the counts.
+  std::shared_ptr<const std::vector<std::byte>> allgather_shared(std::span<const std::byte> mine) {
+    return fabric_->allgather_shared(rank_, mine);
   }
 
 private:
@@ -312,7 +325,7 @@ private:
   wait_policy waiting_;
 };
 
-static_assert(Bootstrap<host_bootstrap>);
+static_assert(SharedBootstrap<host_bootstrap>);
 static_assert(Transport<host_transport>);
 
 } // namespace fasta2a
