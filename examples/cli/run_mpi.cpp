@@ -198,6 +198,7 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--transport", o.transport},
           {"--fi-provider", o.fi_provider},
           {"--iters", num(o.iters)},
+          {"--timeout", num(o.timeout.count())},
           {"--rail-window", num(o.rail_window)},
           {"--compare-mpi", num(o.compare_mpi)},
           {"--dump-program", num(o.dump_program)}};

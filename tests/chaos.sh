@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Chaos test (issue 12): `fasta2a run --transport mpi` on 8 ranks under mpirun, and one rank (5)
+# stopped (SIGSTOP, held past the timeout) or killed (SIGKILL) in the middle of the run.
+#
+#   chaos.sh stop|kill FASTA2A MPIEXEC [MPIEXEC FLAGS...]
+#
+# Asserts, from the moment of the signal:
+#   - mpirun and every other rank end within --timeout plus SLACK seconds, mpirun with a nonzero
+#     status; every survivor that ends by itself (not killed by mpirun's abort) exits nonzero;
+#   - the job's output names the missing rank: stop, an engine or CLI timeout error ("fasta2a: error:
+#     ... rank 5 ..."); kill, that or Open MPI's own notice that rank 5 died;
+#   - no survivor spins while it waits: its CPU time from half a second after the signal to its end
+#     is under CPU_SHARE percent of that wall time;
+#   - nothing is left behind: every process of the job is killed at the end, whatever happens.
+# Prints each survivor's end time (seconds after the signal), CPU share and how it ended.
+# Exit 0 pass, 1 fail, 77 skipped (no mpirun, or not Open MPI: ranks are found by
+# OMPI_COMM_WORLD_RANK and the output is split by --tag-output).
+set -u
+
+mode=$1
+cli=$2
+shift 2
+launcher=("$@")
+ranks=8
+victim=5
+timeout_ms=${CHAOS_TIMEOUT_MS:-3000}
+slack_s=${CHAOS_SLACK_S:-6}
+cpu_share=${CHAOS_CPU_SHARE:-10}
+
+case $mode in stop | kill) ;; *) echo "chaos.sh: mode must be stop or kill, got '$mode'" >&2; exit 1 ;; esac
+if ! command -v "${launcher[0]:-mpirun}" >/dev/null 2>&1; then
+  echo "chaos.sh: skipped: ${launcher[0]:-mpirun} not found"
+  exit 77
+fi
+if ! "${launcher[0]}" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then
+  echo "chaos.sh: skipped: ${launcher[0]} is not Open MPI's (this test finds ranks by OMPI_COMM_WORLD_RANK)"
+  exit 77
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fasta2a-chaos.XXXXXX")
+mpi_pid=""
+declare -a pid=()
+# Everything started here is killed at the end, whatever happened: the ranks one by one (a stopped
+# process dies of SIGKILL too), then mpirun's whole session.
+cleanup() {
+  for p in "${pid[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  if [ -n "$mpi_pid" ]; then
+    kill -KILL -- "-$mpi_pid" 2>/dev/null
+    kill -KILL "$mpi_pid" 2>/dev/null
+  fi
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+now_us() { echo "${EPOCHREALTIME/./}"; }
+# cpu_ticks PID: user + system time in clock ticks; empty when the process is gone or a zombie.
+cpu_ticks() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }  # the fields after "(comm) "
+  read -r -a f <<<"$stat"
+  [ "${f[0]}" = Z ] && return 0
+  echo $((f[11] + f[12]))
+}
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+
+# A run long enough to be interrupted mid-way: many calls of a small uniform all-to-allv on 4
+# servers x 2 GPUs, the engine's (and the CLI's collectives') timeout short.
+setsid "${launcher[@]}" -np "$ranks" --tag-output "$cli" run --transport mpi --gpus 2 --uniform \
+  --bytes-per-rank 256K --iters 1000000 --timeout "$timeout_ms" >"$work/log" 2>&1 &
+mpi_pid=$!
+
+# Find the ranks (mpirun's children, named by OMPI_COMM_WORLD_RANK), then wait for the calls to run.
+deadline=$(($(now_us) + 120000000))
+while :; do
+  for p in $(pgrep -P "$mpi_pid"); do
+    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ -n "$r" ] && pid[r]=$p
+  done
+  [ ${#pid[@]} -eq "$ranks" ] && grep -q "<stdout>:# call" "$work/log" && break
+  if ! kill -0 "$mpi_pid" 2>/dev/null || [ "$(now_us)" -gt "$deadline" ]; then
+    echo "FAIL: the run did not start (ranks found: ${!pid[*]}); its output:" >&2
+    cat "$work/log" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+sleep 1.5 # in the timed calls
+for r in "${!pid[@]}"; do
+  [ -n "$(cpu_ticks "${pid[r]}")" ] || { echo "FAIL: rank $r ended before the signal:" >&2; cat "$work/log" >&2; exit 1; }
+done
+
+# The signal, then every rank watched every 100 ms: its CPU time and when it ends.
+if [ "$mode" = stop ]; then sig=STOP; else sig=KILL; fi
+t0=$(now_us)
+kill "-$sig" "${pid[victim]}"
+declare -a end_us=() cpu_first=() cpu_last=() first_us=() last_us=()
+mpi_end_us=""
+bound_us=$((timeout_ms * 1000 + slack_s * 1000000))
+while :; do
+  t=$(now_us)
+  alive=0
+  for r in "${!pid[@]}"; do
+    [ "$r" -eq "$victim" ] && continue
+    [ -n "${end_us[r]:-}" ] && continue
+    c=$(cpu_ticks "${pid[r]}")
+    if [ -z "$c" ]; then
+      end_us[r]=$t
+      continue
+    fi
+    alive=1
+    if [ $((t - t0)) -ge 500000 ] && [ -z "${cpu_first[r]:-}" ]; then
+      cpu_first[r]=$c
+      first_us[r]=$t
+    fi
+    cpu_last[r]=$c
+    last_us[r]=$t
+  done
+  if [ -z "$mpi_end_us" ] && ! kill -0 "$mpi_pid" 2>/dev/null; then mpi_end_us=$t; fi
+  [ "$alive" -eq 0 ] && [ -n "$mpi_end_us" ] && break
+  [ $((t - t0)) -gt $((bound_us + 20000000)) ] && break # give up well past the bound
+  sleep 0.1
+done
+mpi_rc=0
+if [ -n "$mpi_end_us" ]; then wait "$mpi_pid"; mpi_rc=$?; fi
+
+secs() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1e6 }'; }
+echo "chaos.sh: rank $victim got SIG$sig; --timeout ${timeout_ms} ms; bound $(secs "$bound_us") s after the signal"
+if [ -z "$mpi_end_us" ]; then
+  fail "mpirun still running $(secs $(($(now_us) - t0))) s after the signal"
+else
+  echo "  mpirun: ended after $(secs $((mpi_end_us - t0))) s, exit status $mpi_rc"
+  [ $((mpi_end_us - t0)) -le "$bound_us" ] || fail "mpirun ended $(secs $((mpi_end_us - t0))) s after the signal"
+  [ "$mpi_rc" -ne 0 ] || fail "mpirun exited 0 although rank $victim was ${mode}ped"
+fi
+for r in "${!pid[@]}"; do
+  [ "$r" -eq "$victim" ] && continue
+  # What this rank said (Open MPI's --tag-output: "[1,R]<stderr>:...").
+  said=$(grep -a "^\[[0-9]*,$r\]<stderr>:" "$work/log" | sed 's/^[^:]*://' | head -3 | tr '\n' ' ')
+  line="  rank $r:"
+  if [ -z "${end_us[r]:-}" ]; then
+    fail "rank $r still running $(secs $(($(now_us) - t0))) s after the signal"
+    line+=" still running;"
+  else
+    e=$((end_us[r] - t0))
+    line+=" ended after $(secs "$e") s;"
+    [ "$e" -le "$bound_us" ] || fail "rank $r ended $(secs "$e") s after the signal (bound $(secs "$bound_us") s)"
+  fi
+  if [ -n "${cpu_first[r]:-}" ] && [ "${last_us[r]}" -gt "${first_us[r]}" ]; then
+    wall=$((last_us[r] - first_us[r]))
+    used=$(((cpu_last[r] - cpu_first[r]) * tick_us))
+    share=$((used * 100 / wall))
+    line+=" CPU $(secs "$used") s over $(secs "$wall") s waiting (${share}%);"
+    [ "$wall" -lt 300000 ] || [ "$share" -lt "$cpu_share" ] ||
+      fail "rank $r used ${share}% of a core while waiting (bound ${cpu_share}%): it spins"
+  else
+    line+=" (ended before its CPU time could be sampled);"
+  fi
+  echo "$line ${said:-(said nothing: ended by mpirun)}"
+done
+
+# The missing rank is named: by a survivor's error (the CLI's barrier or the engine's wait), or for
+# a killed rank by Open MPI itself.
+named="rank(s)? ([0-9]+, )*$victim([^0-9]|$)"
+if grep -aE "<stderr>:fasta2a: error: .*$named" "$work/log" >/dev/null; then
+  echo "  named by: $(grep -aE "<stderr>:fasta2a: error: .*$named" "$work/log" | head -1)"
+elif [ "$mode" = kill ] && grep -aE "process rank $victim .*(exited on signal|killed)" "$work/log" >/dev/null; then
+  echo "  named by mpirun: $(grep -aE "process rank $victim " "$work/log" | head -1)"
+else
+  fail "no error names rank $victim"
+fi
+# A survivor that failed by itself exits with its error's status (MPI_Abort(2)), never 0.
+if grep -aE "MPI_ABORT was invoked on rank [0-9]+ in communicator MPI_COMM_WORLD" "$work/log" >/dev/null; then
+  code=$(grep -aoE "with errorcode [0-9]+" "$work/log" | head -1 | grep -oE "[0-9]+$")
+  echo "  $(grep -aoE "MPI_ABORT was invoked on rank [0-9]+ .* errorcode [0-9]+" "$work/log" | head -1)"
+  [ "${code:-0}" -ne 0 ] || fail "a rank aborted with error code 0"
+fi
+if [ "$failures" -ne 0 ]; then
+  echo "--- the job's output ---" >&2
+  tail -n 60 "$work/log" >&2
+  exit 1
+fi
+echo "chaos.sh $mode: pass"
+exit 0
