@@ -9,8 +9,8 @@
 #     status; every survivor that ends by itself (not killed by mpirun's abort) exits nonzero;
 #   - the job's output names the missing rank: stop, an engine or CLI timeout error ("fasta2a: error:
 #     ... rank 5 ..."); kill, that or Open MPI's own notice that rank 5 died;
-#   - no survivor spins while it waits: its CPU time from half a second after the signal to its end
-#     is under CPU_SHARE percent of that wall time;
+#   - no survivor spins while it waits: from half a second after the signal to its end, its CPU time
+#     is under CPU_SHARE percent of that wall time, and it blocks (sleeps) at least 50 times a second;
 #   - nothing is left behind: every process of the job is killed at the end, whatever happens.
 # Prints each survivor's end time (seconds after the signal), CPU share and how it ended.
 # Exit 0 pass, 1 fail, 77 skipped (no mpirun, or not Open MPI: ranks are found by
@@ -70,6 +70,10 @@ cpu_ticks() {
   echo $((f[11] + f[12]))
 }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
+# sleeps PID: how many times it has blocked (voluntary context switches). A process that waits by
+# sleeping blocks hundreds of times a second; one that spins (or only yields) almost never, whatever
+# the load of the machine, which makes this the load-independent sign of spinning.
+sleeps() { sed -n 's/^voluntary_ctxt_switches:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null; }
 
 # A run long enough to be interrupted mid-way: many calls of a small uniform all-to-allv on 4
 # servers x 2 GPUs, the engine's (and the CLI's collectives') timeout short.
@@ -101,7 +105,7 @@ done
 if [ "$mode" = stop ]; then sig=STOP; else sig=KILL; fi
 t0=$(now_us)
 kill "-$sig" "${pid[victim]}"
-declare -a end_us=() cpu_first=() cpu_last=() first_us=() last_us=()
+declare -a end_us=() cpu_first=() cpu_last=() first_us=() last_us=() sleeps_first=() sleeps_last=()
 mpi_end_us=""
 bound_us=$((timeout_ms * 1000 + slack_s * 1000000))
 while :; do
@@ -119,6 +123,11 @@ while :; do
     if [ $((t - t0)) -ge 500000 ] && [ -z "${cpu_first[r]:-}" ]; then
       cpu_first[r]=$c
       first_us[r]=$t
+      sleeps_first[r]=$(sleeps "${pid[r]}")
+    fi
+    if [ -n "${cpu_first[r]:-}" ]; then
+      v=$(sleeps "${pid[r]}")
+      [ -n "$v" ] && sleeps_last[r]=$v
     fi
     cpu_last[r]=$c
     last_us[r]=$t
@@ -157,9 +166,12 @@ for r in "${!pid[@]}"; do
     wall=$((last_us[r] - first_us[r]))
     used=$(((cpu_last[r] - cpu_first[r]) * tick_us))
     share=$((used * 100 / wall))
-    line+=" CPU $(secs "$used") s over $(secs "$wall") s waiting (${share}%);"
-    [ "$wall" -lt 300000 ] || [ "$share" -lt "$cpu_share" ] ||
-      fail "rank $r used ${share}% of a core while waiting (bound ${cpu_share}%): it spins"
+    blocked=$(((${sleeps_last[r]:-0} - ${sleeps_first[r]:-0}) * 1000000 / wall))
+    line+=" CPU $(secs "$used") s over $(secs "$wall") s waiting (${share}%, blocked ${blocked}/s);"
+    if [ "$wall" -ge 300000 ]; then
+      [ "$share" -lt "$cpu_share" ] || fail "rank $r used ${share}% of a core while waiting (bound ${cpu_share}%): it spins"
+      [ "$blocked" -ge 50 ] || fail "rank $r blocked only ${blocked} times a second while waiting: it spins"
+    fi
   else
     line+=" (ended before its CPU time could be sampled);"
   fi
