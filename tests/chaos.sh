@@ -59,21 +59,27 @@ fail() {
   echo "FAIL: $*" >&2
   failures=$((failures + 1))
 }
-now_us() { echo "${EPOCHREALTIME/./}"; }
-# cpu_ticks PID: user + system time in clock ticks; empty when the process is gone or a zombie.
-cpu_ticks() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }  # the fields after "(comm) "
-  read -r -a f <<<"$stat"
+# No command substitution in what the watch loop calls (a fork per value is slow on a loaded
+# machine): the results are left in variables.
+# cpu_of PID: CPU=user + system time in clock ticks; empty when the process is gone or a zombie.
+cpu_of() {
+  CPU=""
+  local line
+  read -r line <"/proc/$1/stat" 2>/dev/null || return 0
+  line=${line##*) } # the fields after "(comm) "
+  read -r -a f <<<"$line"
   [ "${f[0]}" = Z ] && return 0
-  echo $((f[11] + f[12]))
+  CPU=$((f[11] + f[12]))
 }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
-# sleeps PID: how many times it has blocked (voluntary context switches). A process that waits by
-# sleeping blocks hundreds of times a second; one that spins (or only yields) almost never, whatever
-# the load of the machine, which makes this the load-independent sign of spinning.
-sleeps() { sed -n 's/^voluntary_ctxt_switches:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null; }
+# sleeps_of PID: SLEEPS=how many times it has blocked (voluntary context switches). A process that
+# waits by sleeping blocks hundreds of times a second; one that spins (or only yields) almost never,
+# whatever the load of the machine: the load-independent sign of spinning.
+sleeps_of() {
+  SLEEPS=""
+  local k v
+  while read -r k v; do [ "$k" = voluntary_ctxt_switches: ] && SLEEPS=$v; done <"/proc/$1/status" 2>/dev/null
+}
 
 # A run long enough to be interrupted mid-way: many calls of a small uniform all-to-allv on 4
 # servers x 2 GPUs, the engine's (and the CLI's collectives') timeout short.
@@ -82,14 +88,14 @@ setsid "${launcher[@]}" -np "$ranks" --tag-output "$cli" run --transport mpi --g
 mpi_pid=$!
 
 # Find the ranks (mpirun's children, named by OMPI_COMM_WORLD_RANK), then wait for the calls to run.
-deadline=$(($(now_us) + 120000000))
+deadline=$((${EPOCHREALTIME/./} + 120000000))
 while :; do
   for p in $(pgrep -P "$mpi_pid"); do
     r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
     [ -n "$r" ] && pid[r]=$p
   done
   [ ${#pid[@]} -eq "$ranks" ] && grep -q "<stdout>:# call" "$work/log" && break
-  if ! kill -0 "$mpi_pid" 2>/dev/null || [ "$(now_us)" -gt "$deadline" ]; then
+  if ! kill -0 "$mpi_pid" 2>/dev/null || [ "${EPOCHREALTIME/./}" -gt "$deadline" ]; then
     echo "FAIL: the run did not start (ranks found: ${!pid[*]}); its output:" >&2
     cat "$work/log" >&2
     exit 1
@@ -98,23 +104,25 @@ while :; do
 done
 sleep 1.5 # in the timed calls
 for r in "${!pid[@]}"; do
-  [ -n "$(cpu_ticks "${pid[r]}")" ] || { echo "FAIL: rank $r ended before the signal:" >&2; cat "$work/log" >&2; exit 1; }
+  cpu_of "${pid[r]}"
+  [ -n "$CPU" ] || { echo "FAIL: rank $r ended before the signal:" >&2; cat "$work/log" >&2; exit 1; }
 done
 
 # The signal, then every rank watched every 100 ms: its CPU time and when it ends.
 if [ "$mode" = stop ]; then sig=STOP; else sig=KILL; fi
-t0=$(now_us)
+t0=${EPOCHREALTIME/./}
 kill "-$sig" "${pid[victim]}"
 declare -a end_us=() cpu_first=() cpu_last=() first_us=() last_us=() sleeps_first=() sleeps_last=()
 mpi_end_us=""
 bound_us=$((timeout_ms * 1000 + slack_s * 1000000))
 while :; do
-  t=$(now_us)
+  t=${EPOCHREALTIME/./}
   alive=0
   for r in "${!pid[@]}"; do
     [ "$r" -eq "$victim" ] && continue
     [ -n "${end_us[r]:-}" ] && continue
-    c=$(cpu_ticks "${pid[r]}")
+    cpu_of "${pid[r]}"
+    c=$CPU
     if [ -z "$c" ]; then
       end_us[r]=$t
       continue
@@ -123,10 +131,12 @@ while :; do
     if [ $((t - t0)) -ge 500000 ] && [ -z "${cpu_first[r]:-}" ]; then
       cpu_first[r]=$c
       first_us[r]=$t
-      sleeps_first[r]=$(sleeps "${pid[r]}")
+      sleeps_of "${pid[r]}"
+      sleeps_first[r]=$SLEEPS
     fi
     if [ -n "${cpu_first[r]:-}" ]; then
-      v=$(sleeps "${pid[r]}")
+      sleeps_of "${pid[r]}"
+      v=$SLEEPS
       [ -n "$v" ] && sleeps_last[r]=$v
     fi
     cpu_last[r]=$c
@@ -135,7 +145,7 @@ while :; do
   if [ -z "$mpi_end_us" ] && ! kill -0 "$mpi_pid" 2>/dev/null; then mpi_end_us=$t; fi
   [ "$alive" -eq 0 ] && [ -n "$mpi_end_us" ] && break
   [ $((t - t0)) -gt $((bound_us + 20000000)) ] && break # give up well past the bound
-  sleep 0.1
+  sleep 0.05
 done
 mpi_rc=0
 if [ -n "$mpi_end_us" ]; then wait "$mpi_pid"; mpi_rc=$?; fi
@@ -143,7 +153,7 @@ if [ -n "$mpi_end_us" ]; then wait "$mpi_pid"; mpi_rc=$?; fi
 secs() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1e6 }'; }
 echo "chaos.sh: rank $victim got SIG$sig; --timeout ${timeout_ms} ms; bound $(secs "$bound_us") s after the signal"
 if [ -z "$mpi_end_us" ]; then
-  fail "mpirun still running $(secs $(($(now_us) - t0))) s after the signal"
+  fail "mpirun still running $(secs $((${EPOCHREALTIME/./} - t0))) s after the signal"
 else
   echo "  mpirun: ended after $(secs $((mpi_end_us - t0))) s, exit status $mpi_rc"
   [ $((mpi_end_us - t0)) -le "$bound_us" ] || fail "mpirun ended $(secs $((mpi_end_us - t0))) s after the signal"
@@ -152,10 +162,10 @@ fi
 for r in "${!pid[@]}"; do
   [ "$r" -eq "$victim" ] && continue
   # What this rank said (Open MPI's --tag-output: "[1,R]<stderr>:...").
-  said=$(grep -a "^\[[0-9]*,$r\]<stderr>:" "$work/log" | sed 's/^[^:]*://' | head -3 | tr '\n' ' ')
+  said=$(grep -a "^\[[0-9]*,$r\]<stderr>:" "$work/log" | sed 's/\[[0-9]*,[0-9]*\]<std[a-z]*>://g' | head -3 | tr '\n' ' ')
   line="  rank $r:"
   if [ -z "${end_us[r]:-}" ]; then
-    fail "rank $r still running $(secs $(($(now_us) - t0))) s after the signal"
+    fail "rank $r still running $(secs $((${EPOCHREALTIME/./} - t0))) s after the signal"
     line+=" still running;"
   else
     e=$((end_us[r] - t0))
@@ -194,7 +204,7 @@ if grep -aE "MPI_ABORT was invoked on rank [0-9]+ in communicator MPI_COMM_WORLD
   echo "  $(grep -aoE "MPI_ABORT was invoked on rank [0-9]+ .* errorcode [0-9]+" "$work/log" | head -1)"
   [ "${code:-0}" -ne 0 ] || fail "a rank aborted with error code 0"
 fi
-if [ "$failures" -ne 0 ]; then
+if [ "$failures" -ne 0 ] || [ -n "${CHAOS_VERBOSE:-}" ]; then
   echo "--- the job's output ---" >&2
   tail -n 60 "$work/log" >&2
   exit 1
