@@ -71,7 +71,8 @@ public:
       throw error("host bootstrap: rank " + std::to_string(rank) + " contributes " +
                   std::to_string(mine.size()) + " bytes, the others " + std::to_string(blob_));
     }
-    std::memcpy(buf.data() + blob_ * rank, mine.data(), mine.size());
+    // An empty blob may have no storage: memcpy from a null pointer is undefined even for 0 bytes.
+    if (!mine.empty()) std::memcpy(buf.data() + blob_ * rank, mine.data(), mine.size());
     arrived_flags_[rank] = 1;
     if (++arrived_ == ranks_) {
       arrived_ = 0;
