@@ -71,7 +71,7 @@ public:
       throw error("host bootstrap: rank " + std::to_string(rank) + " contributes " +
                   std::to_string(mine.size()) + " bytes, the others " + std::to_string(blob_));
     }
-    // An empty blob may have no storage: memcpy from a null pointer is undefined even for 0 bytes.
+    // Empty blobs may have no storage: memcpy with a null pointer is undefined even for 0 bytes.
     if (!mine.empty()) std::memcpy(buf.data() + blob_ * rank, mine.data(), mine.size());
     arrived_flags_[rank] = 1;
     if (++arrived_ == ranks_) {
@@ -86,7 +86,7 @@ public:
                   std::to_string(timeout_.count()) + " ms in allgather; rank(s) " + missing +
                   " never arrived");
     }
-    std::memcpy(all.data(), buf.data(), all.size());
+    if (!all.empty()) std::memcpy(all.data(), buf.data(), all.size());
   }
 
 private:
