@@ -85,6 +85,8 @@ transport and buffers, and beside the plan's model figures.
   --iters N               timed calls per matrix (default 5)
   --rail-window W         rail stages a rank may have in flight (engine_options::rail_window,
                           default 5)
+  --timeout MS            how long a rank waits for a peer before it fails naming it
+                          (engine_options::timeout, default 30000)
   --dump-program RANK     print rank RANK's program of the first call of each matrix (its
                           copies, coalesced puts, expects, signals and waits, per stage)
   --report FILE           one JSON object per line and matrix: index, ranks, servers, gpus, bytes,
@@ -217,7 +219,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       throw fa::error("option " + std::string(flag) + " given more than once");
     const bool run_only =
         flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window" ||
-        flag == "--dump-program" || flag == "--bootstrap" || flag == "--fi-provider";
+        flag == "--timeout" || flag == "--dump-program" || flag == "--bootstrap" || flag == "--fi-provider";
     const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
@@ -298,6 +300,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       o.fi_provider = std::string(v);
     } else if (flag == "--iters") o.iters = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rail-window") o.rail_window = static_cast<std::size_t>(parse_positive_int(flag, value()));
+    else if (flag == "--timeout") o.timeout = std::chrono::milliseconds(parse_positive_int(flag, value()));
     else if (flag == "--dump-program") o.dump_program = static_cast<int>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
     else if (flag == "--bootstrap") {
       const std::string_view v = value();

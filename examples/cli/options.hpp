@@ -8,6 +8,7 @@
 #include <fasta2a/registry.hpp>
 #include <fasta2a/topology.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -69,6 +70,9 @@ struct options {
   std::string fi_provider;
   unsigned iters = 5;
   std::size_t rail_window = fa::engine_options{}.rail_window;
+  /// --timeout MS: how long a rank waits for a peer (engine_options::timeout, and the MPI run's own
+  /// barriers and reductions).
+  std::chrono::milliseconds timeout = fa::engine_options{}.timeout;
   bool compare_mpi = false;
   /// --bootstrap: "tcp" (fasta2a::tcp_bootstrap, every process one rank), "mpi", or empty (the
   /// transport's own: threads for host, MPI for mpi).

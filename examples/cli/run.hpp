@@ -27,6 +27,7 @@ inline fa::engine_options engine_options_of(const options& o) {
   fa::engine_options e;
   e.planning = planning_options(o);
   e.rail_window = o.rail_window;
+  e.timeout = o.timeout;
   return e;
 }
 

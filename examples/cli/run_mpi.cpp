@@ -198,6 +198,7 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--transport", o.transport},
           {"--fi-provider", o.fi_provider},
           {"--iters", num(o.iters)},
+          {"--timeout", num(o.timeout.count())},
           {"--rail-window", num(o.rail_window)},
           {"--compare-mpi", num(o.compare_mpi)},
           {"--dump-program", num(o.dump_program)}};
@@ -330,8 +331,9 @@ mpi_figures run_engine_on(guarded_world& world, const fa::two_tier_topology& top
 template <fa::Decomposer D>
 mpi_figures run_mpi_engine(guarded_world& world, const fa::two_tier_topology& topo, const fa::traffic_matrix& t,
                            const options& o, bool compare, fabric* fab, D dec = D(), bool dump = false) {
-  fa::mpi_bootstrap boot(MPI_COMM_WORLD);
-  fa::mpi_transport tr(MPI_COMM_WORLD);
+  // --timeout bounds every wait of the call: the engine's, its per-call allgathers, the sends' flush.
+  fa::mpi_bootstrap boot(MPI_COMM_WORLD, {.timeout = o.timeout});
+  fa::mpi_transport tr(MPI_COMM_WORLD, {.flush_timeout = o.timeout});
 #ifdef FASTA2A_HAVE_LIBFABRIC
   if (fab != nullptr) {
     // Both tiers need this rank's progress (MPI's shared memory: the receiver copies; tcp;ofi_rxm:
@@ -368,7 +370,7 @@ int run_mpi_command(const options& o) {
   for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, me, 1, engine_bytes, "this rank's machine");
   // --transport libfabric: one libfabric transport for the whole command (collective: endpoint
   // names are allgathered over MPI), the provider from --fi-provider or FASTA2A_FI_PROVIDER.
-  fa::mpi_bootstrap fab_boot(MPI_COMM_WORLD);
+  fa::mpi_bootstrap fab_boot(MPI_COMM_WORLD, {.timeout = o.timeout});
   std::unique_ptr<fabric> fab;
   std::string scaleout = "MPI transport";
 #ifdef FASTA2A_HAVE_LIBFABRIC

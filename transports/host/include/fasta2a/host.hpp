@@ -96,7 +96,7 @@ public:
       throw error("host bootstrap: allgather of " + std::to_string(mine.size()) + " bytes per rank needs " +
                   std::to_string(mine.size() * ranks_) + " bytes, got " + std::to_string(all.size()));
     const auto gathered = allgather_shared(rank, mine);
-    std::memcpy(all.data(), gathered->data(), all.size());
+    if (!all.empty()) std::memcpy(all.data(), gathered->data(), all.size());
   }
 
   /// Allgather among all ranks of the fabric, every rank handed the same buffer: the threads of
@@ -119,6 +119,7 @@ public:
       throw error("host bootstrap: rank " + std::to_string(rank) + " contributes " +
                   std::to_string(mine.size()) + " bytes, the others " + std::to_string(blob_));
     }
+    // Empty blobs may have no storage: memcpy with a null pointer is undefined even for 0 bytes.
     if (!mine.empty()) std::memcpy(buf->data() + blob_ * rank, mine.data(), mine.size());
     arrived_flags_[rank] = 1;
     if (++arrived_ == ranks_) {
