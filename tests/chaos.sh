@@ -190,7 +190,7 @@ done
 
 # The missing rank is named: by a survivor's error (the CLI's barrier or the engine's wait), or for
 # a killed rank by Open MPI itself.
-named="rank(s)? ([0-9]+, )*$victim([^0-9]|$)"
+named="rank(s|\\(s\\))? ([0-9]+, )*$victim([^0-9]|$)" # "rank 5", "ranks 2, 5", "rank(s) 5"
 if grep -aE "<stderr>:fasta2a: error: .*$named" "$work/log" >/dev/null; then
   echo "  named by: $(grep -aE "<stderr>:fasta2a: error: .*$named" "$work/log" | head -1)"
 elif [ "$mode" = kill ] && grep -aE "process rank $victim .*(exited on signal|killed)" "$work/log" >/dev/null; then
@@ -198,8 +198,8 @@ elif [ "$mode" = kill ] && grep -aE "process rank $victim .*(exited on signal|ki
 else
   fail "no error names rank $victim"
   if grep -aq "mpi_bootstrap::allgather: .*some rank did not reach the allgather" "$work/log"; then
-    echo "  (the stop landed in the engine's per-call allgather, whose timeout error does not say which" \
-      "rank is missing: issue 12, the MPI bootstrap's allgather must name it)" >&2
+    echo "  (the stop landed in the engine's per-call allgather, and its roll call did not name the" \
+      "missing rank: see mpi_bootstrap::roll_call)" >&2
   fi
 fi
 # A survivor that failed by itself exits with its error's status (MPI_Abort(2)), never 0.

@@ -113,6 +113,19 @@ public:
     if (comm == MPI_COMM_NULL) throw error("mpi_bootstrap: the communicator is MPI_COMM_NULL");
     detail::mpi_check(MPI_Comm_rank(comm, &rank_), "mpi_bootstrap: MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(comm, &size_), "mpi_bootstrap: MPI_Comm_size");
+    // A communicator of its own for the roll call after a timeout (see complete()), so that its
+    // messages never meet the caller's. Collective over comm, as every rank makes its bootstrap.
+    detail::mpi_check(MPI_Comm_dup(comm, &roll_), "mpi_bootstrap: MPI_Comm_dup");
+    MPI_Comm_set_errhandler(roll_, MPI_ERRORS_RETURN);
+  }
+  mpi_bootstrap(const mpi_bootstrap&) = delete;
+  mpi_bootstrap& operator=(const mpi_bootstrap&) = delete;
+  /// Frees the roll-call communicator unless MPI is finalised or a roll call used it (its
+  /// messages may still be in flight: it is then kept, as the abandoned collective's buffers are).
+  ~mpi_bootstrap() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !broken_ && roll_ != MPI_COMM_NULL) MPI_Comm_free(&roll_);
   }
 
   /// This process's rank in the communicator.
@@ -204,12 +217,57 @@ private:
     static_cast<void>(new std::vector<std::byte>(std::move(out_)));
     static_cast<void>(new std::vector<std::byte>(std::move(in_)));
     static_cast<void>(new std::vector<long long>(std::move(lengths_)));
+    const std::string missing = roll_call();
     throw error("mpi_bootstrap::allgather: rank " + std::to_string(rank_) + " timed out after " +
-                std::to_string(opt_.timeout.count()) + " ms " + what +
-                ": some rank did not reach the allgather (the communicator is unusable now)");
+                std::to_string(opt_.timeout.count()) + " ms " + what + ": " +
+                (missing.empty() ? std::string("some rank did not reach the allgather")
+                                 : "rank(s) " + missing + " did not reach the allgather (no answer to a roll call)") +
+                " (the communicator is unusable now)");
+  }
+
+  /// After a timeout: which ranks are not here? Every rank that timed out tells every other one
+  /// that it is alive and waiting (a small message on the bootstrap's own communicator), then
+  /// listens for the same for a grace period (a second, at most the timeout): the ranks it did not
+  /// hear from are the ones that never reached the allgather (stopped, dead, or busy elsewhere).
+  /// Ranks that reached it time out within a moment of each other, well inside the grace period.
+  /// Returns them as "5" or "2, 5", or "" if every rank answered (the collective itself is stuck).
+  std::string roll_call() noexcept {
+    try {
+      constexpr int tag = 7;
+      static const std::uint64_t token = 1; // outlives the sends, which are never waited for
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        MPI_Request r = MPI_REQUEST_NULL;
+        if (MPI_Isend(&token, 1, MPI_UINT64_T, p, tag, roll_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+      }
+      std::vector<char> here(static_cast<std::size_t>(size_), 0);
+      here[static_cast<std::size_t>(rank_)] = 1;
+      int heard = 1;
+      const auto grace = std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::milliseconds(1000));
+      detail::poll_until(
+          [&] {
+            for (;;) {
+              int flag = 0;
+              MPI_Status st;
+              if (MPI_Iprobe(MPI_ANY_SOURCE, tag, roll_, &flag, &st) != MPI_SUCCESS || !flag) break;
+              std::uint64_t got = 0;
+              MPI_Recv(&got, 1, MPI_UINT64_T, st.MPI_SOURCE, tag, roll_, MPI_STATUS_IGNORE);
+              if (!here[static_cast<std::size_t>(st.MPI_SOURCE)]) here[static_cast<std::size_t>(st.MPI_SOURCE)] = 1, ++heard;
+            }
+            return heard == size_;
+          },
+          opt_.waiting, grace);
+      std::string missing;
+      for (int p = 0; p < size_; ++p)
+        if (!here[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      return missing;
+    } catch (...) {
+      return {};
+    }
   }
 
   MPI_Comm comm_;
+  MPI_Comm roll_ = MPI_COMM_NULL; ///< the roll call's own duplicate of comm_
   mpi_bootstrap_options opt_;
   std::vector<long long> lengths_;     ///< this rank's length and its negation, then the maxima
   std::vector<std::byte> out_, in_;    ///< what MPI sends and receives
