@@ -66,11 +66,13 @@ public:
     MPI_Comm_rank(MPI_COMM_WORLD, &me_);
     MPI_Comm_size(MPI_COMM_WORLD, &n_);
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &roll_); // the roll call after a timeout (fa::detail::mpi_roll_call)
   }
   guarded_world(const guarded_world&) = delete;
   guarded_world& operator=(const guarded_world&) = delete;
   ~guarded_world() {
     if (!failed_) MPI_Comm_free(&comm_); // after a timeout a request may still use it: MPI_Abort follows
+    if (!failed_) MPI_Comm_free(&roll_);
   }
 
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
@@ -110,8 +112,7 @@ public:
       // Two seconds longer than rank 0, which names the missing ranks: its error is the one printed.
       if (!wait_all(req, std::chrono::milliseconds(2000))) {
         failed_ = true;
-        throw fa::error("rank 0 did not release " + what + " within " + std::to_string(timeout_.count()) +
-                        " ms: a rank did not arrive (rank 0's error names it) or rank 0 itself stopped");
+        throw fa::error("rank 0 did not release " + what + " within " + std::to_string(timeout_.count()) + " ms" + absent());
       }
     }
   }
@@ -123,7 +124,7 @@ public:
     if (!wait_all(req)) {
       failed_ = true;
       throw fa::error(what + ": the reduction over " + std::to_string(n_) + " ranks did not complete within " +
-                      std::to_string(timeout_.count()) + " ms (a rank stopped, died or was given other options)");
+                      std::to_string(timeout_.count()) + " ms" + absent());
     }
   }
 
@@ -136,12 +137,20 @@ public:
     if (!wait_all(req)) {
       failed_ = true;
       throw fa::error(what + ": the allgather over " + std::to_string(n_) + " ranks did not complete within " +
-                      std::to_string(timeout_.count()) + " ms (a rank stopped, died or was started otherwise)");
+                      std::to_string(timeout_.count()) + " ms" + absent());
     }
     return all;
   }
 
 private:
+  // After a timeout: the ranks that do not answer a roll call, named.
+  std::string absent() {
+    const std::string missing = fa::detail::mpi_roll_call(roll_, me_, n_, timeout_, fa::wait_policy{});
+    if (missing.empty()) return " (every rank answered a roll call: a rank was given other options?)";
+    return std::string(": rank") + (missing.find(',') == std::string::npos ? " " : "s ") + missing +
+           " did not answer a roll call (stopped, dead, or given other options)";
+  }
+
   // Polls the requests until all complete (true) or the deadline passes (false; the finished ones
   // are then MPI_REQUEST_NULL). Sleeps up to 10 ms between polls: no core spins while it waits.
   bool wait_all(std::vector<MPI_Request>& req, std::chrono::milliseconds extra = std::chrono::milliseconds(0)) {
@@ -165,7 +174,7 @@ private:
   }
 
   std::chrono::milliseconds timeout_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL, roll_ = MPI_COMM_NULL;
   int me_ = 0, n_ = 1;
   unsigned epoch_ = 0;
   bool failed_ = false;

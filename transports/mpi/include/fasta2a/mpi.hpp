@@ -65,6 +65,48 @@ void for_each_chunk(std::size_t n, std::size_t limit, F&& f) {
   }
 }
 
+/// After a collective timed out: which ranks are not here? Every rank that timed out tells every
+/// other one that it is alive and waiting (a small message on `roll`, a communicator used for
+/// nothing else), then listens for the same for a grace period (a second, at most `timeout`): the
+/// ranks it did not hear from never reached the collective (stopped, dead, or busy elsewhere).
+/// Ranks that reached it time out within a moment of each other, well inside the grace period.
+/// Returns them as "5" or "2, 5", or "" if every rank answered (the collective itself is stuck).
+inline std::string mpi_roll_call(MPI_Comm roll, int rank, int size, std::chrono::milliseconds timeout,
+                                 const wait_policy& waiting) noexcept {
+  try {
+    constexpr int tag = 7;
+    static const std::uint64_t token = 1; // outlives the sends, which are never waited for
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(&token, 1, MPI_UINT64_T, p, tag, roll, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+    std::vector<char> here(static_cast<std::size_t>(size), 0);
+    here[static_cast<std::size_t>(rank)] = 1;
+    int heard = 1;
+    const auto grace = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(1000));
+    poll_until(
+        [&] {
+          for (;;) {
+            int flag = 0;
+            MPI_Status st;
+            if (MPI_Iprobe(MPI_ANY_SOURCE, tag, roll, &flag, &st) != MPI_SUCCESS || !flag) break;
+            std::uint64_t got = 0;
+            MPI_Recv(&got, 1, MPI_UINT64_T, st.MPI_SOURCE, tag, roll, MPI_STATUS_IGNORE);
+            if (!here[static_cast<std::size_t>(st.MPI_SOURCE)]) here[static_cast<std::size_t>(st.MPI_SOURCE)] = 1, ++heard;
+          }
+          return heard == size;
+        },
+        waiting, grace);
+    std::string missing;
+    for (int p = 0; p < size; ++p)
+      if (!here[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    return missing;
+  } catch (...) {
+    return {};
+  }
+}
+
 } // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -225,46 +267,7 @@ private:
                 " (the communicator is unusable now)");
   }
 
-  /// After a timeout: which ranks are not here? Every rank that timed out tells every other one
-  /// that it is alive and waiting (a small message on the bootstrap's own communicator), then
-  /// listens for the same for a grace period (a second, at most the timeout): the ranks it did not
-  /// hear from are the ones that never reached the allgather (stopped, dead, or busy elsewhere).
-  /// Ranks that reached it time out within a moment of each other, well inside the grace period.
-  /// Returns them as "5" or "2, 5", or "" if every rank answered (the collective itself is stuck).
-  std::string roll_call() noexcept {
-    try {
-      constexpr int tag = 7;
-      static const std::uint64_t token = 1; // outlives the sends, which are never waited for
-      for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        MPI_Request r = MPI_REQUEST_NULL;
-        if (MPI_Isend(&token, 1, MPI_UINT64_T, p, tag, roll_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
-      }
-      std::vector<char> here(static_cast<std::size_t>(size_), 0);
-      here[static_cast<std::size_t>(rank_)] = 1;
-      int heard = 1;
-      const auto grace = std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::milliseconds(1000));
-      detail::poll_until(
-          [&] {
-            for (;;) {
-              int flag = 0;
-              MPI_Status st;
-              if (MPI_Iprobe(MPI_ANY_SOURCE, tag, roll_, &flag, &st) != MPI_SUCCESS || !flag) break;
-              std::uint64_t got = 0;
-              MPI_Recv(&got, 1, MPI_UINT64_T, st.MPI_SOURCE, tag, roll_, MPI_STATUS_IGNORE);
-              if (!here[static_cast<std::size_t>(st.MPI_SOURCE)]) here[static_cast<std::size_t>(st.MPI_SOURCE)] = 1, ++heard;
-            }
-            return heard == size_;
-          },
-          opt_.waiting, grace);
-      std::string missing;
-      for (int p = 0; p < size_; ++p)
-        if (!here[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-      return missing;
-    } catch (...) {
-      return {};
-    }
-  }
+  std::string roll_call() noexcept { return detail::mpi_roll_call(roll_, rank_, size_, opt_.timeout, opt_.waiting); }
 
   MPI_Comm comm_;
   MPI_Comm roll_ = MPI_COMM_NULL; ///< the roll call's own duplicate of comm_
