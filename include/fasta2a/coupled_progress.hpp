@@ -76,6 +76,11 @@ public:
                     std::to_string(timeout_.count()) + " ms");
       c_.flush();
     }
+    /// The inner connection's progress (where it has one), then the pump.
+    void progress() {
+      if constexpr (requires(typename T::connection& c) { c.progress(); }) c_.progress();
+      (*pump_)();
+    }
 
   private:
     friend class progress_coupled;

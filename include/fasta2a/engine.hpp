@@ -1458,12 +1458,41 @@ private:
     if (ok) ++e;
     return ok;
   }
-  // Waits for the next signal of a wait, naming what is missing on timeout.
+  // A connection whose transfers move only while this rank calls into its transport (MPI's
+  // rendezvous over TCP, or over shared memory without single-copy; libfabric's and verbs'
+  // completion queues) says so with progress(). While this rank waits on one tier, a peer's
+  // transfer on the other may need its progress: a rank that waits for a redistribute signal
+  // while the rail bytes it owes a third rank sit unsent waits for ever (seen with GPU IPC over
+  // MPI on an H200, and with Open MPI's btl_vader_single_copy_mechanism=none on the stand-in).
+  template <class C>
+  static constexpr bool drives_progress = requires(C& c) { c.progress(); };
+  // One poke of the progress of the tier other than `busy` (where it has any).
+  void progress_other(tier busy) {
+    if (busy == tier::scaleup) {
+      if constexpr (drives_progress<out_conn>) out_conn_->progress();
+    } else {
+      if constexpr (drives_progress<up_conn>) up_conn_->progress();
+    }
+  }
+  // Waits for the next signal of a wait, naming what is missing on timeout; drives the other
+  // tier's progress meanwhile.
   void await(const exec& x, const instr& w) {
     std::uint64_t& e = expected(w.via, w.peer, w.channel);
     ++e;
-    const bool ok = w.via == tier::scaleup ? up_conn_->wait(w.peer, w.channel, e, opt_.timeout)
-                                           : out_conn_->wait(w.peer, w.channel, e, opt_.timeout);
+    bool ok = false;
+    const bool other_progresses = w.via == tier::scaleup ? drives_progress<out_conn> : drives_progress<up_conn>;
+    if (other_progresses) {
+      ok = detail::poll_until(
+          [&] {
+            const bool got = w.via == tier::scaleup ? up_conn_->test(w.peer, w.channel, e) : out_conn_->test(w.peer, w.channel, e);
+            if (!got) progress_other(w.via);
+            return got;
+          },
+          opt_.waiting, opt_.timeout);
+    } else {
+      ok = w.via == tier::scaleup ? up_conn_->wait(w.peer, w.channel, e, opt_.timeout)
+                                  : out_conn_->wait(w.peer, w.channel, e, opt_.timeout);
+    }
     if (!ok) throw missing(x, w);
   }
   error missing(const exec& x, const instr& w) const {
@@ -1590,6 +1619,8 @@ private:
                     " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
                     std::to_string(opt_.timeout.count()) + " ms");
       }
+      progress_other(tier::scaleup); // nothing moved: peers may need this rank's progress on either tier
+      progress_other(tier::scaleout);
       idle.pause();
     }
   }

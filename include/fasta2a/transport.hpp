@@ -105,6 +105,10 @@ concept Connection = requires(C& c, rank_t peer, const Mem& mem, const Rem& rem,
 /// - `connect(channels)` makes a connection with its own signal counters for channels
 ///   [0, channels). Collective over the transport's ranks: every rank makes its connections in the
 ///   same order (as communicators are made). A connection must not outlive its transport.
+/// - Optional: a connection whose transfers move only while the rank calls into its transport
+///   (MPI, libfabric's manual-progress providers, verbs' completion queue) has `progress()`, one
+///   non-blocking poke. The engine calls it while it waits on its other tier, so that no transfer
+///   of this rank stalls while it waits on a peer that waits on that transfer.
 template <class T>
 concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer, typename T::memory& mem,
                              typename T::remote& rem, std::span<const std::byte> blob, channel_id channels) {

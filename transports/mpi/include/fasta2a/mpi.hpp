@@ -578,6 +578,15 @@ public:
       return true;
     }
 
+    /// Drives MPI's progress once (an MPI_Iprobe that matches nothing it takes). The engine calls
+    /// it while it waits on its other tier: this rank's sends and receives in flight may move only
+    /// while it calls MPI (a rendezvous over TCP, or over shared memory without single-copy).
+    void progress() {
+      int flag = 0;
+      detail::mpi_check(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE),
+                        "mpi_transport::progress: MPI_Iprobe");
+    }
+
     /// Returns once every put and signal this rank started has completed (its source may be reused).
     /// Throws fasta2a::error naming a peer that has not taken its bytes within the flush timeout.
     void flush() {

@@ -245,6 +245,9 @@ public:
     bool test(rank_t peer, channel_id ch, std::uint64_t count) { return t_->test(id_, peer, ch, count); }
     bool sent(rank_t peer, channel_id ch, std::uint64_t count) { return t_->sent(id_, peer, ch, count); }
     void flush() { t_->flush(id_); }
+    /// Polls the completion queue once: the engine calls it while it waits on its other tier
+    /// (reposting receives and settling sends move only then).
+    void progress() { t_->progress(); }
     /// This connection's id (the k-th made on its transport, from 0).
     std::uint32_t id() const noexcept { return id_; }
 
