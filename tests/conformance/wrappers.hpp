@@ -95,6 +95,12 @@ public:
     {
       c_.abandon();
     }
+    /// Only where T's connection has it (MPI, libfabric, verbs).
+    void progress()
+      requires requires(typename T::connection& c) { c.progress(); }
+    {
+      c_.progress();
+    }
 
   private:
     friend class probed_transport;

@@ -14,6 +14,11 @@
 //   run over the GPU transport; no real runtime can do this).
 // - Stream write / wait of a 64-bit value: an atomic release store / a wait until an acquire load
 //   is >= the value, in stream order.
+// - Host memory is pinned when it comes from malloc_host, pageable otherwise, with the real
+//   runtimes' documented behaviour: an asynchronous copy from device memory into pageable memory
+//   returns only once it has completed (the caller waits for the stream to reach it), and one from
+//   pageable memory into device memory reads the source before it returns. read_value64 takes a
+//   pinned slot only (invalid_value otherwise).
 #pragma once
 
 #include <fcntl.h>
@@ -27,6 +32,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +40,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace fasta2a::gpu_standin {
 
@@ -75,8 +82,17 @@ struct registry {
   std::mutex m;
   std::map<std::uintptr_t, segment> allocations; ///< by base address
   std::map<std::uintptr_t, std::size_t> opened;  ///< mappings made by ipc_open, by address
+  std::map<std::uintptr_t, std::size_t> pinned;  ///< malloc_host blocks, by address
   std::uint64_t next = 0;
 };
+/// Whether p lies in one of the blocks of `m` (base -> size); the caller holds the registry lock.
+inline bool inside(const std::map<std::uintptr_t, std::size_t>& m, const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
+  --it;
+  return a < it->first + it->second;
+}
 inline registry& reg() {
   static registry r;
   return r;
@@ -222,12 +238,22 @@ inline status free_device(void* p) {
   return status::success;
 }
 
-/// Pinned host memory: plain host memory here (nothing to pin).
+/// Pinned host memory: plain host memory here (nothing to pin), remembered as pinned.
 inline status malloc_host(void** p, std::size_t n) {
   *p = ::operator new(n == 0 ? 1 : n, std::nothrow);
-  return *p ? status::success : status::out_of_memory;
+  if (!*p) return status::out_of_memory;
+  auto& r = detail::reg();
+  std::lock_guard l(r.m);
+  r.pinned[reinterpret_cast<std::uintptr_t>(*p)] = n == 0 ? 1 : n;
+  return status::success;
 }
 inline status free_host(void* p) {
+  if (!p) return status::success;
+  {
+    auto& r = detail::reg();
+    std::lock_guard l(r.m);
+    r.pinned.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
   ::operator delete(p);
   return status::success;
 }
@@ -260,8 +286,40 @@ inline status stream_synchronize(stream_t s) {
   return status::success;
 }
 
+namespace detail {
+enum class host_kind { device, pinned, pageable };
+inline host_kind kind_of(const void* p) {
+  auto& r = reg();
+  std::lock_guard l(r.m);
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = r.allocations.upper_bound(a);
+  if (it != r.allocations.begin() && a < std::prev(it)->first + std::prev(it)->second.size) return host_kind::device;
+  if (inside(r.opened, p)) return host_kind::device;
+  return inside(r.pinned, p) ? host_kind::pinned : host_kind::pageable;
+}
+} // namespace detail
+
+/// In stream order. Device -> pageable host: returns once the copy has completed (as the real
+/// runtimes do). Pageable host -> device: the source is read before this returns (the real
+/// runtimes' staging). Other directions: returns at once.
 inline status memcpy_async(void* dst, const void* src, std::size_t n, stream_t s) {
-  if (n) s->enqueue([dst, src, n] { std::memcpy(dst, src, n); });
+  if (!n) return status::success;
+  const detail::host_kind from = detail::kind_of(src), to = detail::kind_of(dst);
+  if (from == detail::host_kind::device && to == detail::host_kind::pageable) {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    s->enqueue([dst, src, n, done] {
+      std::memcpy(dst, src, n);
+      done->store(true, std::memory_order_release);
+    });
+    while (!done->load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(5));
+    return status::success;
+  }
+  if (from == detail::host_kind::pageable && to == detail::host_kind::device) {
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + n);
+    s->enqueue([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return status::success;
+  }
+  s->enqueue([dst, src, n] { std::memcpy(dst, src, n); });
   return status::success;
 }
 
@@ -305,9 +363,13 @@ inline status wait_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
   });
   return status::success;
 }
-/// What the host reads of a value that streams write (device memory is host memory here).
-inline std::uint64_t read_value64(const std::uint64_t* addr) {
-  return std::atomic_ref<const std::uint64_t>(*addr).load(std::memory_order_acquire);
+/// What the host reads of a value that streams write (device memory is host memory here), into
+/// `slot`, which must be pinned (malloc_host): as on a real device, where the read is a copy on a
+/// stream, a copy into pageable memory would go through the runtime's staging.
+inline status read_value64(const std::uint64_t* addr, std::uint64_t* slot) {
+  if (detail::kind_of(slot) != detail::host_kind::pinned) return status::invalid_value;
+  *slot = std::atomic_ref<const std::uint64_t>(*addr).load(std::memory_order_acquire);
+  return status::success;
 }
 
 inline status ipc_get_mem_handle(ipc_mem_handle* h, void* p) {

@@ -8,8 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <algorithm>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -441,13 +444,17 @@ TEST_CASE("gpu_standin.streams: a stream wait on a value and on an event holds b
   gpu::memcpy_async(b.data(), zero.data(), zero.size(), a.get());
   a.synchronize();
   // c waits for the flag a writes after its copy: c's copy back must see the copy.
+  // (back is pinned: a copy into pageable memory would return only once complete, that is never,
+  // since the flag is written after it is enqueued.)
   gpu::wait_value64(c.get(), flag, 1);
-  std::vector<std::byte> back(1024, std::byte{7});
+  gpu::pinned_buffer pinned_back(1024);
+  std::span<std::byte> back(pinned_back.data(), pinned_back.size());
+  std::fill(back.begin(), back.end(), std::byte{7});
   gpu::memcpy_async(back.data(), data, back.size(), c.get());
   gpu::memcpy_async(data, ones.data(), ones.size(), a.get());
   gpu::write_value64(a.get(), flag, 1);
   c.synchronize();
-  CHECK(back == ones);
+  CHECK(std::equal(back.begin(), back.end(), ones.begin(), ones.end()));
   // An event: c's copy after stream_wait_event sees a's later copy.
   const std::vector<std::byte> twos(1024, std::byte{2});
   gpu::memcpy_async(data, twos.data(), twos.size(), a.get());
@@ -457,8 +464,30 @@ TEST_CASE("gpu_standin.streams: a stream wait on a value and on an event holds b
   gpu::memcpy_async(back.data(), data, back.size(), c.get());
   c.synchronize();
   CHECK(e.done());
-  CHECK(back == twos);
-  CHECK(gpu::read_value64(flag, c.get()) == 1);
+  CHECK(std::equal(back.begin(), back.end(), twos.begin(), twos.end()));
+  gpu::pinned_buffer slot(sizeof(std::uint64_t));
+  CHECK(gpu::read_value64(flag, c.get(), reinterpret_cast<std::uint64_t*>(slot.data())) == 1);
+  std::uint64_t pageable = 0; // the host read of a device value lands in pinned memory only
+  CHECK_THROWS_WITH_AS(gpu::read_value64(flag, c.get(), &pageable), doctest::Contains("not pinned"), fasta2a::error);
+}
+
+TEST_CASE("gpu_standin.pageable: a copy from device into pageable memory returns once complete; one from pageable memory reads it before returning") {
+  namespace gpu = fasta2a::gpu;
+  standin_settings st(300, 5, false);
+  for (int round = 0; round < 20; ++round) {
+    gpu::stream s;
+    gpu::device_buffer d(4096);
+    std::vector<std::byte> src(4096, static_cast<std::byte>(round + 1)), back(4096, std::byte{0});
+    gpu::memcpy_async(d.data(), src.data(), src.size(), s.get());
+    std::fill(src.begin(), src.end(), std::byte{0xEE}); // the source may be reused at once
+    gpu::memcpy_async(back.data(), d.data(), back.size(), s.get());
+    CHECK(back == std::vector<std::byte>(4096, static_cast<std::byte>(round + 1))); // no synchronize: complete on return
+    gpu::pinned_buffer pin(4096);
+    std::memset(pin.data(), 0, pin.size());
+    gpu::memcpy_async(pin.data(), d.data(), pin.size(), s.get()); // into pinned memory: asynchronous
+    s.synchronize();
+    CHECK(static_cast<int>(pin.data()[4095]) == round + 1);
+  }
 }
 
 TEST_CASE("gpu_standin.ipc: a device allocation's IPC handle opens in another process, at an offset") {

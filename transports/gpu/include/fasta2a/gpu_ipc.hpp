@@ -275,7 +275,8 @@ private:
     std::vector<void*> opened;
     std::vector<std::uint64_t> signalled, left; ///< per (peer, channel)
     std::vector<std::deque<std::pair<std::uint64_t, gpu::event>>> pending;
-    gpu::stream poll; ///< reads of the flags on a real device
+    gpu::stream poll;         ///< reads of the flags on a real device
+    gpu::pinned_buffer slot{sizeof(std::uint64_t)}; ///< where they land (pinned: see gpu::read_value64)
 #ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
     gpu::stream wrong;
 #endif
@@ -323,7 +324,8 @@ private:
     return static_cast<std::size_t>(r) * st_->channels + ch;
   }
   std::uint64_t flag_value(rank_t peer, channel_id ch) const {
-    return gpu::read_value64(reinterpret_cast<const std::uint64_t*>(st_->flags.data()) + slot(peer, ch), st_->poll.get());
+    return gpu::read_value64(reinterpret_cast<const std::uint64_t*>(st_->flags.data()) + slot(peer, ch), st_->poll.get(),
+                             reinterpret_cast<std::uint64_t*>(st_->slot.data()));
   }
   void check(rank_t peer, channel_id ch, const char* what) const {
     if (peer < 0 || peer >= st_->ranks || ch >= st_->channels)

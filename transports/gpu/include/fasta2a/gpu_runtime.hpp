@@ -343,18 +343,20 @@ inline void wait_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
 #endif
 }
 
-/// The host's read of a device value that streams write. The stand-in's device memory is host
-/// memory (an acquire load); on a real device it is a copy to the host on `poll` (a stream kept
-/// for this), synchronised: correct, but a round trip per poll.
-inline std::uint64_t read_value64(const std::uint64_t* addr, [[maybe_unused]] stream_t poll) {
+/// The host's read of a device value that streams write: a copy into `slot` (pinned host memory,
+/// malloc_host) on `poll` (a stream kept for this), synchronised: correct, but a round trip per
+/// poll. The slot must be pinned: a copy from the device into pageable memory goes through the
+/// runtime's staging and returns only once complete; on an H200 a proxy thread that polled through
+/// a pageable variable while the caller's thread had a pageable copy queued behind the stream wait
+/// of a stream-ordered call hung (no timeout fired). The stand-in refuses a pageable slot.
+inline std::uint64_t read_value64(const std::uint64_t* addr, [[maybe_unused]] stream_t poll, std::uint64_t* slot) {
 #if defined(FASTA2A_GPU_STANDIN)
-  return rt::read_value64(addr);
+  check(rt::read_value64(addr, slot), "read_value64 (into a slot that is not pinned host memory?)");
 #else
-  std::uint64_t v = 0;
-  gpu::memcpy_async(&v, addr, sizeof v, poll);
+  gpu::memcpy_async(slot, addr, sizeof *slot, poll);
   gpu::stream_synchronize(poll);
-  return v;
 #endif
+  return *slot;
 }
 
 /// An owned stream (move-only).
