@@ -233,6 +233,14 @@ M = [
          old="          bounce_in(x, redist);", new="          (void)redist;",
          a="bounce_in(x, redist)", b="(void)redist",
          targets=["test_gpu_engine_mpi"], run=[], ctest=r"^gpu_standin\.engine_mpi\.np4$"),
+    # the engine no longer drives the other tier's progress while it waits on one: over MPI without
+    # single-copy shared memory, ranks waiting for scale-up signals leave their rail sends unsent
+    # (the deadlock first seen on an H200)
+    dict(id="engine-no-cross-tier-progress", file="include/fasta2a/engine.hpp",
+         old="      if constexpr (drives_progress<out_conn>) out_conn_->progress();",
+         new="      if constexpr (drives_progress<out_conn>) (void)0;",
+         a="out_conn_->progress()", b="(void)0",
+         targets=["test_gpu_engine_mpi"], run=[], ctest=r"^gpu_standin\.engine_mpi\.progress$"),
     # program.hpp: two contiguous puts merged though their destinations are apart
     dict(id="program-coalesce-ignores-destination", file="include/fasta2a/program.hpp",
          old="prev.src + prev.bytes == x.src && prev.dst + prev.bytes == x.dst) {",

@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
     if (me == 0)
       std::printf("seed %llu (%s, delays up to %u us, window %zu): %llu bytes wrong, %d ranks with errors\n",
                   static_cast<unsigned long long>(seed), seed % 2 ? "birkhoff, staged" : "direct", delay, window, wsum, esum);
+    std::fflush(stdout); // through mpirun's pipe: seen even if a later seed hangs and is killed
     wrong_total += wsum;
     errors += esum;
     seeds_wrong += wsum > 0;
