@@ -22,9 +22,9 @@ struct cost_params {
   /// this much"; unset, the topology's alpha.
   std::optional<double> alpha{};
   /// Also run the pipelined model (prediction::pipelined_s) with this many rail stages in flight
-  /// per sender, the engine's engine_options::rail_window; unset, only the step-synchronous model
-  /// runs. At least 1.
-  std::optional<std::size_t> rail_window{};
+  /// per sender, the engine's engine_options::rail_window; 0 (the default): only the
+  /// step-synchronous model runs.
+  std::size_t rail_window = 0;
 };
 
 /// The scale-out model `predict` uses: the topology's, with cp's alpha where set.
@@ -113,7 +113,7 @@ struct timeline_block {
 /// bandwidths, nothing measured):
 /// - step-synchronous (total_s): the stages run in lock step, step j = stage j's balance, stage
 ///   j-1's rail transfer and stage j-2's redistribution, each step as long as its slowest part;
-/// - pipelined (pipelined_s, when cost_params::rail_window is set): the engine's schedule, up to
+/// - pipelined (pipelined_s, when cost_params::rail_window > 0): the engine's schedule, up to
 ///   rail_window stages' rail sends in flight per sender, balance run rail_window stages ahead,
 ///   each stage redistributed as soon as its rail data has arrived; NICs shared fairly (max-min)
 ///   between the flows in flight. See predict.
@@ -124,7 +124,7 @@ struct prediction {
   std::size_t stages = 0;
   std::vector<timeline_block> blocks; ///< filled when asked for (the SVG timeline)
   /// Predicted completion time in the pipelined model with cost_params::rail_window stages in
-  /// flight; unset unless the window was given. Direct plans: the step-synchronous figure (no
+  /// flight; unset unless a window (> 0) was given. Direct plans: the step-synchronous figure (no
   /// stages, nothing to pipeline).
   std::optional<double> pipelined_s{};
   /// The step-synchronous model's completion time (total_s, named).
@@ -393,7 +393,7 @@ double pipelined_time(const Topo& topo, const plan& p, const scaleout_model& net
 /// total is at least every port's whole work. Direct plans (fluid model): scaleout_model::direct_time
 /// of the busiest NIC's inter-server bytes (send or receive), beside the busiest scale-up port.
 ///
-/// With cp.rail_window set, also the pipelined model (pipelined_s): the engine's schedule with that
+/// With cp.rail_window > 0, also the pipelined model (pipelined_s): the engine's schedule with that
 /// many stages in flight per sender, simulated event by event (detail::pipelined_time). Each rank
 /// paces itself, so a rank's stage t + 1 need not wait for other ranks' stage t: with a window of 1
 /// it equals the step-synchronous figure when every rail of a stage carries the stage's weight
@@ -403,8 +403,7 @@ double pipelined_time(const Topo& topo, const plan& p, const scaleout_model& net
 /// ranks flows, a max-min share per event): fine for the emulated cluster's and tests' sizes, slow
 /// for thousands of stages at thousands of ranks.
 ///
-/// Throws fasta2a::error if the plan is for another shape, cp.alpha is negative or not finite, or
-/// cp.rail_window is 0.
+/// Throws fasta2a::error if the plan is for another shape or cp.alpha is negative or not finite.
 template <Topology Topo>
 prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool timeline = false) {
   if (topo.servers() != p.servers || topo.gpus_per_server() != p.gpus_per_server)
@@ -414,7 +413,6 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
   const rank_t n = topo.ranks();
   const scaleout_model net = scaleout_of(topo, cp);
   net.check("predict");
-  if (cp.rail_window && *cp.rail_window < 1) throw error("predict: rail_window must be at least 1");
   prediction pr;
   pr.stages = p.stages();
   std::vector<detail::port_load> per_step, whole;
@@ -436,7 +434,7 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
     std::vector<std::vector<double>> lanes;
     pr.scaleup_s = detail::step_times(topo, whole, 1, timeline ? &lanes : nullptr)[0];
     pr.total_s = std::max(pr.scaleout_s, pr.scaleup_s);
-    if (cp.rail_window) pr.pipelined_s = pr.total_s;
+    if (cp.rail_window > 0) pr.pipelined_s = pr.total_s;
     if (timeline) {
       for (rank_t r = 0; r < n; ++r) {
         bytes_t b = std::max(send[r], recv[r]);
@@ -497,7 +495,7 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
     now += len;
   }
   pr.total_s = std::max(now, pr.scaleup_s);
-  if (cp.rail_window) pr.pipelined_s = detail::pipelined_time(topo, p, net, *cp.rail_window);
+  if (cp.rail_window > 0) pr.pipelined_s = detail::pipelined_time(topo, p, net, cp.rail_window);
   if (timeline) {
     // Intra-server traffic, drawn where the model puts it: in the slack beside the first stages.
     std::vector<bytes_t> intra(n, 0);
