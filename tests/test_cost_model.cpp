@@ -171,3 +171,87 @@ TEST_CASE("cost_model.lb_alpha_counts_server_peers_and_bounds_every_staged_plan"
     }
   }
 }
+
+// The pipelined model (cost_params::rail_window, prediction::pipelined_s): figures worked out by
+// hand on 3 servers x 1 GPU (no scale-up hops), 50 GB/s NICs, alpha 10 us.
+TEST_CASE("cost_model.pipelined_model_matches_hand_computed_figures") {
+  const two_tier_topology topo(3, 1);
+  const double a = 10e-6;
+  SUBCASE("two shifts, every rail of a stage equal: window 1 is the step-synchronous figure, window 2 saves one alpha") {
+    // Shift 1 carries 30 MB on every rail, shift 2 10 MB.
+    traffic_matrix t = traffic_matrix::Zero(3, 3);
+    for (rank_t i = 0; i < 3; ++i) {
+      t(i, (i + 1) % 3) = 30'000'000;
+      t(i, (i + 2) % 3) = 10'000'000;
+    }
+    const plan p = make_plan<spread_out_decomposer>(topo, t);
+    REQUIRE(p.stages() == 2);
+    // Step-synchronous: 2 alpha + 40 MB / 50 GB/s = 0.82 ms.
+    const prediction w1 = predict(topo, p, {.alpha = a, .rail_window = 1});
+    CHECK(w1.step_synchronous_s() == doctest::Approx(0.82e-3).epsilon(1e-9));
+    REQUIRE(w1.pipelined_s);
+    CHECK(*w1.pipelined_s == doctest::Approx(0.82e-3).epsilon(1e-9));
+    // Window 2: both stages posted at once, alive after one alpha; every NIC carries two flows at
+    // b/2 until the 10 MB one ends (0.4 ms), then the 30 MB one's last 20 MB at b (0.4 ms): 0.81 ms.
+    const prediction w2 = predict(topo, p, {.alpha = a, .rail_window = 2});
+    CHECK(*w2.pipelined_s == doctest::Approx(0.81e-3).epsilon(1e-9));
+    CHECK(w2.total_s == doctest::Approx(0.82e-3).epsilon(1e-9)); // the step-synchronous figure is unchanged
+    // Without a window (0, the default) nothing but the step-synchronous model runs.
+    CHECK_FALSE(predict(topo, p, {.alpha = a}).pipelined_s);
+    CHECK_FALSE(predict(topo, p, {.alpha = a, .rail_window = 0}).pipelined_s);
+  }
+  SUBCASE("unequal rails: each rank paces itself, so window 1 beats lock step") {
+    // Stage 0 (shift 1): 0->1 30 MB, 1->2 10 MB, 2->0 10 MB; stage 1 (shift 2): 0->2 10 MB,
+    // 1->0 30 MB, 2->1 10 MB. Lock step: 2 alpha + 30 + 30 MB = 1.22 ms. Window 1 (times in ms,
+    // a = 0.01): the 10 MB flows 1->2 and 2->0 end at 0.21; rank 1's 30 MB to rank 0 then runs
+    // alone 0.22 - 0.82; rank 2's 10 MB to rank 1 starts at 0.22 and shares rank 1's receiver with
+    // 0->1 (10.5 MB sent, 19.5 MB left): both at b/2 until 2->1 ends at 0.62, 0->1's last 9.5 MB
+    // at b ends at 0.81; rank 0's 10 MB to rank 2 then starts at 0.82 and ends at 1.02.
+    traffic_matrix t = traffic_matrix::Zero(3, 3);
+    t(0, 1) = 30'000'000, t(1, 2) = 10'000'000, t(2, 0) = 10'000'000;
+    t(0, 2) = 10'000'000, t(1, 0) = 30'000'000, t(2, 1) = 10'000'000;
+    const plan p = make_plan<spread_out_decomposer>(topo, t);
+    REQUIRE(p.stages() == 2);
+    bool shift1_first = false;
+    for (const piece& pc : p.pieces)
+      if (pc.src == 0 && pc.dst == 1) shift1_first = pc.stage == 0;
+    REQUIRE(shift1_first);
+    const prediction w1 = predict(topo, p, {.alpha = a, .rail_window = 1});
+    CHECK(w1.total_s == doctest::Approx(1.22e-3).epsilon(1e-9));
+    CHECK(*w1.pipelined_s == doctest::Approx(1.02e-3).epsilon(1e-9));
+  }
+}
+
+// Properties of the pipelined model on many skewed matrices: it never beats the NICs (every rail
+// byte of the busiest NIC at b_out, plus one alpha), and with every stage in flight on 2 servers
+// (one peer per rail) and alpha 0 it is exactly the busiest NIC's time. It is NOT always below lock
+// step: a rank that runs ahead shares a receiver with a stage that is late, and fair sharing can
+// slow the later one more than lock step would (seen here at window 1 on 3 and 4 servers).
+TEST_CASE("cost_model.pipelined_model_between_the_nic_bound_and_lock_step") {
+  std::mt19937_64 rng(29);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 5), G = 1 + static_cast<int>(rng() % 4);
+    const double alpha = iter % 3 == 0 ? 0.0 : 20e-6;
+    // Scale-up far faster than the NICs, so that the scale-out figures can be checked alone.
+    const two_tier_topology topo(S, G, link_model{scaleup_kind::switch_fabric, 1e15, 50e9, alpha});
+    const traffic_matrix t = zipf_traffic(S * G, 0.6 + 0.2 * (iter % 4), 1 << 24, rng(), 4096);
+    const plan p = iter % 2 ? make_plan(topo, t, {.granule = 4096})
+                            : make_plan<bottleneck_decomposer>(topo, t, {.granule = 4096});
+    std::vector<double> tx(S * G, 0), rx(S * G, 0);
+    for (const piece& pc : p.pieces)
+      for (const hop& h : p.route_of(pc))
+        if (h.kind == hop_kind::rail) tx[h.from] += pc.bytes, rx[h.to] += pc.bytes;
+    const double nic = std::max(*std::max_element(tx.begin(), tx.end()), *std::max_element(rx.begin(), rx.end())) / 50e9;
+    const prediction lock = predict(topo, p);
+    double before = 0;
+    for (std::size_t W : {std::size_t{1}, std::size_t{2}, std::size_t{5}, p.stages() + 1}) {
+      const double pipe = *predict(topo, p, {.rail_window = W}).pipelined_s;
+      INFO("iter " << iter << " S " << S << " G " << G << " W " << W << " stages " << p.stages());
+      CHECK(pipe >= nic + (nic > 0 ? alpha : 0) - 1e-12);
+      if (W > p.stages()) CHECK(pipe <= lock.total_s + lock.scaleup_s + 1e-12);
+      if (W == p.stages() + 1 && S == 2 && alpha == 0) CHECK(pipe == doctest::Approx(nic).epsilon(1e-6));
+      before = pipe;
+    }
+    static_cast<void>(before);
+  }
+}

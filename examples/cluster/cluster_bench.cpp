@@ -15,6 +15,8 @@
 // timed call of a method; the JSON holds the per-call bytes of every NIC.
 #include <mpi.h>
 
+#include "cluster_workload.hpp"
+
 #include <fasta2a/cost_model.hpp>
 #include <fasta2a/decompose.hpp>
 #include <fasta2a/engine.hpp>
@@ -90,18 +92,10 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
 Sizes take K, M, G or KiB, MiB, GiB (powers of 1024).
 )";
 
-struct options {
+// The workload's fields (workload, bytes_per_rank, zipf, hot, share, matrix, index, unit, seed,
+// granule) are cluster_workload.hpp's, which cluster_model shares.
+struct options : fa::cluster::workload_spec {
   int gpus = 0;
-  std::string workload = "zipf";
-  bytes_t bytes_per_rank = bytes_t{16} << 20;
-  double zipf = 1.0;
-  int hot = 1;
-  double share = 0.5;
-  std::string matrix;
-  std::size_t index = 0;
-  bytes_t unit = 4096;
-  std::uint64_t seed = 1;
-  bytes_t granule = 4096;
   std::vector<std::string> methods{"mpi", "direct", "spread-out", "fast"};
   unsigned iters = 5;
   double rate_mbit = 200;
@@ -118,47 +112,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-/// What an engine method runs: a decomposer of the library's registry, and whether the engine may
-/// send directly where its model predicts that faster (plan_options::direct_if_faster_alpha).
-struct engine_method {
-  std::string decomposer;
-  bool adaptive = false;
-  bool fi = false;  ///< scale-out over the libfabric transport (scale-up over MPI)
-  bool wfc = false; ///< with fi: signal ordering wait_for_completion, whatever the provider offers
-  bool cut = false; ///< the MPI transport cuts messages below Open MPI's TCP put pipeline (avoid_tcp_put_pipeline)
-};
-
-/// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
-/// isend-rotated are not the engine's). The entry is a decomposer's name, or "fast-" and a name;
-/// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
-/// faster. The "fast" forms are the method names of the recorded results and scripts.
-std::optional<engine_method> engine_method_of(std::string_view m) {
-  bool fi = false, wfc = false, cut = false;
-  if (m.ends_with("-cut")) {
-    cut = true;
-    m.remove_suffix(4);
-  }
-  if (m.ends_with("-fi-wfc")) {
-    fi = wfc = true;
-    m.remove_suffix(7);
-  } else if (m.ends_with("-fi")) {
-    fi = true;
-    m.remove_suffix(3);
-  }
-  std::optional<engine_method> e;
-  if (m == "fast") e = engine_method{"birkhoff"};
-  else if (m == "fast-adaptive") e = engine_method{"birkhoff", true};
-  else {
-    if (m.starts_with("fast-")) m.remove_prefix(5);
-    if (fa::is_decomposer_name(m)) e = engine_method{std::string(m)};
-  }
-  if (e) {
-    e->fi = fi;
-    e->wfc = wfc;
-    e->cut = cut;
-  }
-  return e;
-}
+using fa::cluster::engine_method;
+using fa::cluster::engine_method_of;
 
 options parse(int argc, char** argv) {
   options o;
@@ -210,25 +165,6 @@ options parse(int argc, char** argv) {
     else o.label = o.workload;
   }
   return o;
-}
-
-/// The workload's n x n matrix; every rank computes the same one.
-fa::traffic_matrix make_traffic(const options& o, rank_t n) {
-  if (o.workload == "uniform") return fa::uniform_traffic(n, o.bytes_per_rank, o.seed, o.granule);
-  if (o.workload == "zipf") return fa::zipf_traffic(n, o.zipf, o.bytes_per_rank, o.seed, o.granule);
-  if (o.workload == "hotspot") return fa::hotspot_traffic(n, o.hot, o.share, o.bytes_per_rank, o.seed, o.granule);
-  if (o.workload != "megatron") throw fa::error("--workload: unknown workload '" + o.workload + "'");
-  // The trace has 32 ranks, server-major (rank = server * 8 + GPU): summing f x f blocks keeps
-  // ranks of one server together whenever n's servers are unions of the trace's.
-  constexpr rank_t trace_ranks = 32;
-  if (trace_ranks % n != 0)
-    throw fa::error("megatron: " + std::to_string(n) + " ranks do not divide the trace's 32");
-  const fa::traffic_matrix full = fa::read_matrix(o.matrix, trace_ranks, o.index, o.unit);
-  const rank_t f = trace_ranks / n;
-  fa::traffic_matrix t = fa::traffic_matrix::Zero(n, n);
-  for (rank_t i = 0; i < trace_ranks; ++i)
-    for (rank_t j = 0; j < trace_ranks; ++j) t(i / f, j / f) += full(i, j);
-  return t;
 }
 
 // --- polled collectives -----------------------------------------------------------------------
@@ -482,7 +418,7 @@ int run(int argc, char** argv) {
   if (n % o.gpus != 0)
     throw fa::error(std::to_string(n) + " ranks are not a whole number of servers of " + std::to_string(o.gpus));
   const int S = n / o.gpus, G = o.gpus;
-  const fa::traffic_matrix t = make_traffic(o, n);
+  const fa::traffic_matrix t = fa::cluster::make_traffic(o, n);
 
   // Lower bounds with the shaped NIC's rate (payload bytes; the wire also carries headers).
   const double b_out = o.rate_mbit * 1e6 / 8;
