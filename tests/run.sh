@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Builds fasta2a and runs its whole test suite (the README's test command; .ci/run runs this), then
-# the fuzzers and the sanitizer jobs.
+# The README's test command (.ci/run runs exactly this): builds fasta2a and runs its whole test
+# suite, fuzzes, then runs the sanitizer jobs, and fails on any failing test, fuzzer finding or
+# sanitizer report. Each part prints its time; on this project's 2-core machines the whole run takes
+# about 40 minutes from a clean clone (README, "Sanitizers and chaos tests").
+#   plain   Release build of everything (build/), ctest -j2: what users build
+#   fuzz    each libFuzzer target for a minute (tests/fuzz/, clang, build-fuzz/)
+#   asan    the whole suite under ASan+UBSan (tests/sanitize.sh asan, build-asan/): every test but the
+#           two that limit the address space (ulimit -v), which the plain build runs
+#   tsan    the engine and transport tests under TSan (tests/sanitize.sh tsan, build-tsan/)
+# FASTA2A_SANITIZERS=0 leaves out the two sanitizer jobs (a quicker local run; CI runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$SECONDS
+times=()
+lap() { times+=("$1 $((SECONDS - t0)) s"); t0=$SECONDS; }
 bash cmake/install-deps.sh
+lap deps
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2
+lap "plain build"
 ctest --test-dir build -j2 --output-on-failure
+lap "plain tests"
 bash tests/fuzz/run.sh 60   # each libFuzzer target for a minute (tests/fuzz/, clang)
-# The sanitizer jobs (tests/sanitize.sh) are not yet part of the default run: on these 2-core
-# machines they take longer than CI allows and their timing-bound tests (300 ms timeouts) are not
-# yet reliable under TSan's slowdown. FASTA2A_SANITIZERS=1 runs them here too.
-if [[ ${FASTA2A_SANITIZERS:-0} == 1 ]]; then
-  bash tests/sanitize.sh asan  # engine, transport and reader tests under ASan+UBSan (build-asan/), fails on any report
+lap "fuzz (build and 3 x 60 s)"
+if [[ ${FASTA2A_SANITIZERS:-1} != 0 ]]; then
+  bash tests/sanitize.sh asan  # the whole suite under ASan+UBSan (build-asan/), fails on any report
+  lap "asan (build and tests)"
   bash tests/sanitize.sh tsan  # the engine and transport tests under TSan (build-tsan/), fails on any report
+  lap "tsan (build and tests)"
+else
+  echo "tests/run.sh: FASTA2A_SANITIZERS=0: the sanitizer jobs are left out"
 fi
+printf 'tests/run.sh: %s\n' "${times[@]}"

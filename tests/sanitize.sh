@@ -2,8 +2,9 @@
 # The sanitizer jobs of CI (tests/run.sh runs both; issue 12):
 #   tests/sanitize.sh asan   the whole test suite built with -fsanitize=address,undefined (build-asan/)
 #   tests/sanitize.sh tsan   the engine and transport tests built with -fsanitize=thread (build-tsan/)
-# Each configures with -DFASTA2A_SANITIZE=<list> (the top CMakeLists.txt: -O1 -g, stop at the first
-# UBSan report, no benchmarks or install rules), builds, runs ctest, and fails on a failing test or
+# Each configures with -DFASTA2A_SANITIZE=<list> (the top CMakeLists.txt: -g1 at -O0 for ASan+UBSan,
+# -O1 for TSan, stop at the first UBSan report, no benchmarks or install rules, the tests' timing
+# bounds scaled by FASTA2A_TEST_TIME_SCALE), builds, runs ctest, and fails on a failing test or
 # on any sanitizer report: every report of every process (MPI ranks, forked ranks, the CLI run by
 # scripts, tests that expect a failure) is written to <build>/sanitizer-reports/ by log_path, and the
 # job fails when that folder is not empty, printing the reports. Third-party code is suppressed by
@@ -26,16 +27,9 @@ case $kind in
   asan)
     build=build-asan
     sanitize=address,undefined
-    # On these 2-core machines an ASan build of every test executable takes most of an hour; CI
-    # builds the engine, transport and reader tests (what handles memory across threads,
-    # processes and untrusted input). `tests/sanitize.sh asan all` builds and runs everything.
-    if [[ ${2:-} == all ]]; then
-      targets=(all)
-      select=(-E "$exclude")
-    else
-      targets=(test_engine_host test_conformance_host test_tcp_bootstrap test_mpi test_conformance_mpi test_json test_traffic)
-      select=(-R '^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)|^json\.|^traffic\.|^plan_reader' -E "$exclude|^mpi\.np16")
-    fi
+    # The whole suite (every test the build configures, but the two above).
+    targets=(all)
+    select=(-E "$exclude")
     ;;
   tsan)
     build=build-tsan
@@ -48,7 +42,12 @@ case $kind in
     # tsan` with FASTA2A_TSAN_GPU=1 adds it back).
     targets=(test_engine_host test_conformance_host test_tcp_bootstrap test_mpi test_conformance_mpi
              test_conformance_libfabric)
-    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)|^libfabric\.conformance'
+    # libfabric: the tcp world only (ofi_rxm over tcp, the provider the CLI and the README use). Each
+    # endpoint libfabric opens zeroes its 17 MB receive pool, which TSan tracks byte range by byte
+    # range: the tcp world alone took 846 s under TSan on a loaded 2-core machine (ctest's limit is
+    # 900 s; doubled in sanitizer builds), and the shm, delayed and completion worlds run the same
+    # transport code with another provider or timing. They all run under ASan+UBSan.
+    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)|^libfabric\.conformance\.tcp$'
     if [[ ${FASTA2A_TSAN_GPU:-0} == 1 ]]; then
       targets+=(test_gpu_ipc_standin test_gpu_engine_mpi)
       include+='|^gpu_standin'

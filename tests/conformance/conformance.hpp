@@ -43,6 +43,18 @@
 
 namespace fasta2a::testing {
 
+/// A timing bound of the suite, multiplied by FASTA2A_TEST_TIME_SCALE (1 in a plain build; the
+/// sanitizer builds set more, see the top CMakeLists.txt): ASan and TSan slow every operation
+/// several times, and a bound written for a plain build would then fail on timing alone. Every
+/// bound of a case is scaled by the same factor, so what a case compares (a peer 2.5 s late
+/// against a 300 ms timeout) keeps its meaning.
+#ifndef FASTA2A_TEST_TIME_SCALE
+#define FASTA2A_TEST_TIME_SCALE 1
+#endif
+inline constexpr int time_scale = FASTA2A_TEST_TIME_SCALE;
+static_assert(time_scale >= 1, "FASTA2A_TEST_TIME_SCALE must be at least 1");
+inline std::chrono::milliseconds scaled(std::chrono::milliseconds t) { return t * time_scale; }
+
 /// Every rank's error text must be empty.
 inline void require_all_ok(const std::vector<std::string>& errors) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
@@ -140,7 +152,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
   using namespace fasta2a;
   using namespace fasta2a::testing;
   using ms = std::chrono::milliseconds;
-  const ms timeout(20000);
+  const ms timeout = scaled(ms(20000));
   INFO("world: " << W::name);
 
   SUBCASE("puts land before the signal that covers them, round after round") {
@@ -244,7 +256,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
 
   SUBCASE("a peer that never signals: wait says so at the timeout, not before, and never hangs") {
     const rank_t n = W::ranks(3);
-    const ms short_wait(300);
+    const ms short_wait = scaled(ms(300));
     const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
       const rank_t next = (me + 1) % n, prev = (me + n - 1) % n;
       pr.mute = me == 0;
@@ -260,7 +272,8 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       const bool got = conn.wait(prev, 0, 1, short_wait);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (prev == 0 && got) throw error("a signal arrived from the muted rank 0");
-      if (prev == 0 && (s < 0.29 || s > 3.0)) throw error("wait gave up after " + std::to_string(s) + " s, not at 0.3 s");
+      if (prev == 0 && (s < 0.29 * time_scale || s > 3.0 * time_scale))
+        throw error("wait gave up after " + std::to_string(s) + " s, not at " + std::to_string(0.3 * time_scale) + " s");
       if (prev != 0 && !got) throw error("no signal from rank " + std::to_string(prev));
       conn.flush();
       boot.allgather({}, {});
@@ -272,19 +285,19 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
     const rank_t n = W::ranks(4);
     const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
     engine_options opt;
-    opt.timeout = ms(400);
+    opt.timeout = scaled(ms(400));
     const auto t0 = std::chrono::steady_clock::now();
     const auto errors = W::run(n, [&](rank_t me, auto& boot, auto& tr, probe& pr) {
       using Tr = std::remove_cvref_t<decltype(tr)>;
       pr.mute = me == 0;
       engine<two_tier_topology, std::remove_cvref_t<decltype(boot)>, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
       engine_call_checked(eng, uniform_traffic(n, 4096, 1), me, 1);
-    }, ms(5000));
+    }, scaled(ms(5000)));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    CHECK(s < 10.0);
+    CHECK(s < 10.0 * time_scale);
     int named = 0;
     for (const std::string& e : errors) {
-      const bool who = e.find("from rank 0") != std::string::npos, when = e.find("within 400 ms") != std::string::npos;
+      const bool who = e.find("from rank 0") != std::string::npos, when = e.find("within " + std::to_string(opt.timeout.count()) + " ms") != std::string::npos;
       const bool what = e.find("signal") != std::string::npos;
       named += who && when && what;
     }
@@ -296,7 +309,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
     const rank_t n = W::ranks(4);
     const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
     engine_options opt;
-    opt.timeout = ms(400);
+    opt.timeout = scaled(ms(400));
     std::mt19937_64 rng(4242);
     std::vector<traffic_matrix> later;
     for (int c = 0; c < 3; ++c) later.push_back(skewed_traffic(n, rng, 1));
@@ -319,7 +332,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
         if (eng.last_stats().recovered != (c == 0))
           throw error("call " + std::to_string(c + 2) + (c == 0 ? " did not recover" : " recovered again"));
       }
-    }, ms(10000));
+    }, scaled(ms(10000)));
     require_all_ok(errors);
   }
 
@@ -331,7 +344,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       const rank_t n = W::ranks(4);
       const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
       engine_options opt;
-      opt.timeout = ms(300);
+      opt.timeout = scaled(ms(300));
       const traffic_matrix t = uniform_traffic(n, 512, 1); // small: MPI sends them eagerly
       const rank_t keeper = S > 1 && G > 1 ? G : 0; // server 1's first rank: its rail is not rank 1's
       std::mt19937_64 rng(77);
@@ -343,7 +356,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
         auto send = std::make_unique<std::vector<std::byte>>(l.send_elems);
         auto recv = std::make_unique<std::vector<std::byte>>(l.recv_elems, canary);
         for (rank_t j = 0; j < n; ++j) fill_pattern(std::span(*send).subspan(l.send_displs[j], t(me, j)), me, j);
-        if (me == 1) pr.late = ms(2500); // its first put sleeps far past every peer's timeout
+        if (me == 1) pr.late = scaled(ms(2500)); // its first put sleeps far past every peer's timeout
         std::string err;
         const auto t0 = std::chrono::steady_clock::now();
         try {
@@ -356,7 +369,8 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
         // block behind it on some providers), so it can only wait for rank 1, and time out.
         if (me == keeper && err.empty())
           throw error("rank " + std::to_string(me) + "'s call returned normally after " + std::to_string(took) +
-                      " s although rank 1 was 2500 ms late against a 300 ms timeout");
+                      " s although rank 1 was " + std::to_string(scaled(ms(2500)).count()) +
+                      " ms late against a " + std::to_string(opt.timeout.count()) + " ms timeout");
         if (me == keeper) std::fill(recv->begin(), recv->end(), canary); // kept: nothing may land in it now
         else if (me != 1) {                                              // freed at once (ASan: a late write is a use after free)
           recv.reset();
@@ -367,7 +381,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
         if constexpr (!Tr::survives_revoked_writes) return; // documented: the provider closed the link (see the transport)
         engine_call_checked(eng, after, me, 1);
         if (!eng.last_stats().recovered) throw error("the call after the failure did not recover");
-      }, ms(10000));
+      }, scaled(ms(10000)));
       require_all_ok(errors);
     }
   }
