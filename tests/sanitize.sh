@@ -22,7 +22,9 @@ supp=$PWD/tests/sanitizers
 #   is terabytes of address space: cli.run_without_threads_is_a_clear_error and cli.robust (defects
 #   5 to 7 are about running out of address space) are left to the plain build;
 # - verbs.* skip without an RDMA device anyway (the compile test runs).
-exclude='^cli\.run_without_threads_is_a_clear_error$|^cli\.robust$'
+exclude='^cli\.run_without_threads_is_a_clear_error$|^cli\.robust$|^chaos\.'
+# chaos.*: their bound on a waiting rank's CPU use (15%) measures the program, not the sanitizer's
+# overhead: under ASan rank 3 of the kill test used 15% and failed (the plain build runs them).
 case $kind in
   asan)
     build=build-asan
