@@ -10,6 +10,9 @@
 #              over MPI bounced through pinned host mirrors; three stream-ordered calls per seed,
 #              byte-exact against MPI_Alltoallv; 2 x 2 ranks (12 seeds) and 2 x 4 (6 seeds)
 #   np8_1srv   8 ranks as one server: every byte over CUDA IPC (6 seeds)
+#   np4_pinned np4 with the caller's host buffers pinned (FASTA2A_TEST_HOST=pinned)
+#   stacks     one seed at 4 ranks; after 25 s every thread's stack (gdb or cuda-gdb, and the
+#              kernel's wait channel), then the job is stopped: where a hung run waits (opt-in)
 #   bench_*    time from the call to its completion on the caller's stream, against cudaMemcpy
 #              device-to-device of the same bytes in the same program
 #   bench_1x8_mps  the same with the processes sharing the GPU through MPS
@@ -21,7 +24,7 @@ mkdir -p "$OUT"
 D=$PWD/.deps
 R=/tmp/fasta2a-deps
 BIN=$D/bin
-STEPS=${STEPS:-"env smoke np4 np8 bench_2x4 np8_1srv bench_1x8 bench_1x8_mps memcheck"}
+STEPS=${STEPS:-"env smoke np4 np4_pinned np8 bench_2x4 np8_1srv bench_1x8 bench_1x8_mps memcheck"}
 start=$(date +%s)
 results=()
 finish() {
@@ -75,6 +78,24 @@ export -f envinfo
 step env 20 bash -c envinfo
 step smoke 30 "$BIN/gpu_cuda_smoke"
 step np4 70 "$MPIRUN" -np 4 "$BIN/gpu_engine_mpi_cuda" 2 12 1
+# The same with the caller's host buffers pinned (the default is pageable, as most callers have).
+step np4_pinned 70 env FASTA2A_TEST_HOST=pinned "$MPIRUN" -x FASTA2A_TEST_HOST -np 4 "$BIN/gpu_engine_mpi_cuda" 2 12 1
+# Where the ranks of a hung seeds run wait: every thread's stack after 25 s (gdb, cuda-gdb, or
+# the kernel's view), then the job is stopped.
+stacks() {
+  "$MPIRUN" -np 4 "$BIN/gpu_engine_mpi_cuda" 2 1 7 &
+  local job=$!
+  sleep 25
+  local dbg; dbg=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null || true)
+  echo "debugger: ${dbg:-none}"
+  for p in $(pgrep -x gpu_engine_mpi_); do
+    echo "=== pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"
+    for t in /proc/$p/task/*; do echo "task ${t##*/} $(cat $t/comm) wchan=$(cat $t/wchan 2>/dev/null)"; done
+    [ -n "$dbg" ] && timeout 40 "$dbg" -p "$p" -batch -ex "thread apply all bt 25" 2>&1 | grep -E '^(#|Thread)' | cut -c1-220 | head -150
+  done
+  kill "$job" 2>/dev/null; sleep 1; pkill -f gpu_engine_mpi_cuda; return 0
+}
+export -f stacks
 step np8 70 "$MPIRUN" -np 8 "$BIN/gpu_engine_mpi_cuda" 4 6 1001
 step bench_2x4 50 "$MPIRUN" -np 8 "$BIN/gpu_engine_mpi_cuda" 4 bench
 step np8_1srv 60 "$MPIRUN" -np 8 "$BIN/gpu_engine_mpi_cuda" 8 6 2001
@@ -93,3 +114,4 @@ export -f mps_bench
 step bench_1x8_mps 45 bash -c 'mps_bench 8 bench'
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step memcheck 60 "$CS" --tool memcheck --error-exitcode 3 "$BIN/gpu_cuda_smoke"
+step stacks 120 bash -c stacks

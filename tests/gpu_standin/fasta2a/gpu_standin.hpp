@@ -19,6 +19,13 @@
 //   returns only once it has completed (the caller waits for the stream to reach it), and one from
 //   pageable memory into device memory reads the source before it returns. read_value64 takes a
 //   pinned slot only (invalid_value otherwise).
+// - The driver's context lock, as seen on a real H200 (CUDA 13): a thread blocked in a copy into
+//   pageable memory holds it shared until the copy completes, and calls that create or destroy
+//   resources (events, streams, allocations, IPC mappings) take it exclusively. On a real GPU such
+//   a call then waits for the copy, and hangs for ever when the copy waits for that very thread
+//   (an engine's proxy creating an event while the caller waits in a pageable copy for the call
+//   the proxy is running). The stand-in waits settings().context_lock_wait_ms for the lock and then
+//   fails the call with status::would_hang, naming the cause, instead of hanging.
 #pragma once
 
 #include <fcntl.h>
@@ -38,13 +45,14 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace fasta2a::gpu_standin {
 
-enum class status : int { success = 0, invalid_value = 1, out_of_memory = 2, not_ready = 600, ipc_failed = 201 };
+enum class status : int { success = 0, invalid_value = 1, out_of_memory = 2, not_ready = 600, ipc_failed = 201, would_hang = 999 };
 
 inline const char* error_string(status s) noexcept {
   switch (s) {
@@ -53,6 +61,9 @@ inline const char* error_string(status s) noexcept {
   case status::out_of_memory: return "out of shared memory (stand-in)";
   case status::not_ready: return "not ready";
   case status::ipc_failed: return "no IPC handle: the pointer is not from the stand-in allocator, or the handle does not open here";
+  case status::would_hang:
+    return "would hang on a real GPU (stand-in): this call takes the driver's context lock, which a thread blocked in a "
+           "copy into pageable memory holds until its stream reaches that copy";
   }
   return "?";
 }
@@ -62,6 +73,7 @@ struct config {
   std::uint32_t max_delay_us = 0; ///< each operation first sleeps [0, max) us with probability 1/2
   std::uint64_t seed = 1;
   bool host_pointers_in_process = false;
+  std::uint32_t context_lock_wait_ms = 5000; ///< see status::would_hang
 };
 inline config& settings() {
   static config c;
@@ -97,6 +109,23 @@ inline registry& reg() {
   static registry r;
   return r;
 }
+/// The driver's context lock (see the header comment).
+inline std::shared_timed_mutex& context_lock() {
+  static std::shared_timed_mutex m;
+  return m;
+}
+/// Held exclusively by a resource call; `ok()` false when it was not had in time (would_hang).
+class exclusive_context {
+public:
+  exclusive_context() : l_(context_lock(), std::defer_lock) {
+    ok_ = l_.try_lock_for(std::chrono::milliseconds(settings().context_lock_wait_ms));
+  }
+  bool ok() const noexcept { return ok_; }
+
+private:
+  std::unique_lock<std::shared_timed_mutex> l_;
+  bool ok_ = false;
+};
 struct handle_layout { // inside ipc_mem_handle::bytes
   std::uint64_t kind;  // 1: shared-memory segment, 2: in-process host pointer
   std::uint64_t size;  // segment size (kind 1)
@@ -198,6 +227,8 @@ inline status get_device_count(int* n) {
 }
 
 inline status malloc_device(void** p, std::size_t n) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   auto& r = detail::reg();
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t size = n == 0 ? page : (n + page - 1) / page * page;
@@ -226,6 +257,8 @@ inline status malloc_device(void** p, std::size_t n) {
 }
 
 inline status free_device(void* p) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   if (!p) return status::success;
   auto& r = detail::reg();
   std::lock_guard l(r.m);
@@ -240,6 +273,8 @@ inline status free_device(void* p) {
 
 /// Pinned host memory: plain host memory here (nothing to pin), remembered as pinned.
 inline status malloc_host(void** p, std::size_t n) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   *p = ::operator new(n == 0 ? 1 : n, std::nothrow);
   if (!*p) return status::out_of_memory;
   auto& r = detail::reg();
@@ -248,6 +283,8 @@ inline status malloc_host(void** p, std::size_t n) {
   return status::success;
 }
 inline status free_host(void* p) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   if (!p) return status::success;
   {
     auto& r = detail::reg();
@@ -273,6 +310,8 @@ inline status get_address_range(const void* p, void** base, std::size_t* size) {
 }
 
 inline status stream_create(stream_t* s) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   static std::atomic<std::uint64_t> streams{0};
   *s = new stream_impl(settings().seed * 0x9e3779b97f4a7c15ull + streams.fetch_add(1));
   return status::success;
@@ -311,6 +350,7 @@ inline status memcpy_async(void* dst, const void* src, std::size_t n, stream_t s
       std::memcpy(dst, src, n);
       done->store(true, std::memory_order_release);
     });
+    std::shared_lock ctx(detail::context_lock()); // held while waiting, as the real driver does
     while (!done->load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(5));
     return status::success;
   }
@@ -324,10 +364,14 @@ inline status memcpy_async(void* dst, const void* src, std::size_t n, stream_t s
 }
 
 inline status event_create(event_t* e) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   *e = new event_impl;
   return status::success;
 }
 inline status event_destroy(event_t e) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   delete e;
   return status::success;
 }
@@ -395,6 +439,8 @@ inline status ipc_get_mem_handle(ipc_mem_handle* h, void* p) {
   return status::success;
 }
 inline status ipc_open_mem_handle(void** p, const ipc_mem_handle& h) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   detail::handle_layout l;
   std::memcpy(&l, h.bytes, sizeof l);
   if (l.kind == 2) {
@@ -418,6 +464,8 @@ inline status ipc_open_mem_handle(void** p, const ipc_mem_handle& h) {
   return status::success;
 }
 inline status ipc_close_mem_handle(void* p) {
+  detail::exclusive_context ctx;
+  if (!ctx.ok()) return status::would_hang;
   auto& r = detail::reg();
   std::lock_guard g(r.m);
   auto it = r.opened.find(reinterpret_cast<std::uintptr_t>(p));

@@ -68,9 +68,16 @@ rank_data reference(const traffic_matrix& t, rank_t r, std::size_t elem, std::ui
   return d;
 }
 
-std::size_t wrong_bytes(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+// Host memory the caller's stream copies from or into: pageable or pinned.
+struct host_area {
+  std::vector<std::byte> vec;
+  gpu::pinned_buffer pin;
+  std::byte* p = nullptr;
+};
+
+std::size_t wrong_bytes(const host_area& got, const std::vector<std::byte>& want) {
   std::size_t wrong = 0;
-  for (std::size_t k = 0; k < want.size(); ++k) wrong += got[k] != want[k];
+  for (std::size_t k = 0; k < want.size(); ++k) wrong += got.p[k] != want[k];
   return wrong;
 }
 
@@ -107,23 +114,41 @@ std::size_t run_seed(int G, std::uint64_t seed, std::uint32_t delay_us, std::siz
   const std::size_t rbytes = std::max(a.recv_bytes, b.recv_bytes);
   gpu::device_buffer s1(a.send.size() + 1), s2(b.send.size() + 1), R(rbytes + 1), R3(a.recv_bytes + 1);
   gpu::stream caller;
-  const std::vector<std::byte> fill(rbytes + 1, testing::canary);
-  std::vector<std::byte> got1(a.recv_bytes), got2(b.recv_bytes), got3(a.recv_bytes);
+  // The caller's host side of its copies: pageable (std::vector, as most callers have), or pinned
+  // with FASTA2A_TEST_HOST=pinned. A copy into pageable memory blocks the calling thread until its
+  // stream reaches it, i.e. until the engine's call before it has completed.
+  const bool pinned = std::getenv("FASTA2A_TEST_HOST") && std::string(std::getenv("FASTA2A_TEST_HOST")) == "pinned";
+  auto host = [&](std::size_t len, const std::byte* init) {
+    host_area h;
+    if (pinned) {
+      h.pin = gpu::pinned_buffer(len);
+      h.p = h.pin.data();
+    } else {
+      h.vec.resize(len);
+      h.p = h.vec.data();
+    }
+    if (init) std::copy_n(init, len, h.p);
+    else std::fill_n(h.p, len, testing::canary);
+    return h;
+  };
+  const host_area send1 = host(a.send.size(), a.send.data()), send2 = host(b.send.size(), b.send.data());
+  const host_area fill = host(rbytes + 1, nullptr);
+  host_area got1 = host(a.recv_bytes, nullptr), got2 = host(b.recv_bytes, nullptr), got3 = host(a.recv_bytes, nullptr);
   auto c = [&](void* dst, const void* src, std::size_t len) { gpu::memcpy_async(dst, src, len, caller.get()); };
-  c(s1.data(), a.send.data(), a.send.size());
-  c(s2.data(), b.send.data(), b.send.size());
-  c(R.data(), fill.data(), fill.size());
-  c(R3.data(), fill.data(), a.recv_bytes + 1);
+  c(s1.data(), send1.p, a.send.size());
+  c(s2.data(), send2.p, b.send.size());
+  c(R.data(), fill.p, rbytes + 1);
+  c(R3.data(), fill.p, a.recv_bytes + 1);
   eng.alltoallv(std::span<const std::byte>(s1.data(), a.send.size()), a.sc, a.sd, std::span(R.data(), a.recv_bytes), a.rc, a.rd,
                 caller.get(), elem);
-  c(got1.data(), R.data(), a.recv_bytes); // in stream order: call 2 must not write R before this
-  c(R.data(), fill.data(), fill.size());
+  c(got1.p, R.data(), a.recv_bytes); // in stream order: call 2 must not write R before this
+  c(R.data(), fill.p, rbytes + 1);
   eng.alltoallv(std::span<const std::byte>(s2.data(), b.send.size()), b.sc, b.sd, std::span(R.data(), b.recv_bytes), b.rc, b.rd,
                 caller.get(), elem);
-  c(got2.data(), R.data(), b.recv_bytes);
+  c(got2.p, R.data(), b.recv_bytes);
   eng.alltoallv(std::span<const std::byte>(s1.data(), a.send.size()), a.sc, a.sd, std::span(R3.data(), a.recv_bytes), a.rc,
                 a.rd, caller.get(), elem);
-  c(got3.data(), R3.data(), a.recv_bytes);
+  c(got3.p, R3.data(), a.recv_bytes);
   caller.synchronize();
   eng.synchronize(); // raises an asynchronous error, if any
   const std::size_t wrong = wrong_bytes(got1, a.expect) + wrong_bytes(got2, b.expect) + wrong_bytes(got3, a.expect);

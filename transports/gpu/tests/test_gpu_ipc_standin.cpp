@@ -109,8 +109,14 @@ void device_call_checked(Engine& eng, fasta2a::host_bootstrap& boot, fasta2a::gp
     gpu::memcpy_async(dsend.data(), send.data(), send.size(), caller.get());
     eng.alltoallv(std::span<const std::byte>(dsend.data(), send.size()), l.send_counts, l.send_displs,
                   std::span(drecv.data(), recv.size()), l.recv_counts, l.recv_displs, caller.get(), elem);
-    gpu::memcpy_async(recv.data(), drecv.data(), recv.size(), caller.get());
+    // Read back into pinned memory: the ranks here are threads sharing one device's context, and
+    // a copy into pageable memory would hold the driver's context lock until the call completes,
+    // while another rank's thread may still be registering for the same call (opening handles,
+    // making staging), which needs that lock: a hang on a real GPU, an error on the stand-in.
+    gpu::pinned_buffer back(recv.size());
+    gpu::memcpy_async(back.data(), drecv.data(), recv.size(), caller.get());
     caller.synchronize();
+    std::copy_n(back.data(), recv.size(), recv.data());
     eng.synchronize();
   } else {
     eng.alltoallv(std::span(dsend.data(), send.size()), l.send_counts, l.send_displs, std::span(drecv.data(), recv.size()),

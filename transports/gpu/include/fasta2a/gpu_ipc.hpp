@@ -231,9 +231,27 @@ public:
 #else
     gpu::write_value64(st_->t->stream(), flag + slot(st_->me, ch), v);
 #endif
-    gpu::event e;
-    e.record(st_->t->stream());
-    st_->pending[k].emplace_back(v, std::move(e));
+    // An event of the connection's ring marks when the copies before this signal are done. Never
+    // a new event here: creating one takes the driver's context lock for writing, which a caller
+    // thread blocked in a copy to pageable memory (waiting for its stream, i.e. for this call)
+    // holds for reading: the first real-GPU runs deadlocked exactly so (cuEventCreate inside
+    // signal). When every event of the ring is still pending, wait for the oldest: it is on the
+    // transport's own stream, which depends on nothing the caller holds.
+    state& st = *st_;
+    reap();
+    if (st.queued == st.ring.size()) {
+      if (!detail::poll_until([&] { return st.ring[st.head].done(); }, st.t->opt_.waiting, ring_wait))
+        throw error("gpu_ipc_transport: the transport's stream completed no copy within " +
+                    std::to_string(ring_wait.count()) + " ms (" + std::to_string(st.ring.size()) +
+                    " signals outstanding)");
+      reap();
+    }
+    const std::size_t at = (st.head + st.queued) % st.ring.size();
+    st.ring[at].record(st.t->stream());
+    st.ring_slot[at] = k;
+    st.ring_count[at] = v;
+    ++st.queued;
+    ++st.outstanding[k];
   }
 
   bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
@@ -248,12 +266,8 @@ public:
   bool sent(rank_t peer, channel_id ch, std::uint64_t count) {
     check(peer, ch, "sent");
     const std::size_t k = slot(peer, ch);
-    auto& q = st_->pending[k];
-    while (!q.empty() && q.front().second.done()) {
-      st_->left[k] = q.front().first;
-      q.pop_front();
-    }
-    if (q.empty()) st_->left[k] = st_->signalled[k];
+    reap();
+    if (st_->outstanding[k] == 0) st_->left[k] = st_->signalled[k];
     return st_->left[k] >= count;
   }
   /// Every put and signal enqueued so far has completed.
@@ -274,7 +288,13 @@ private:
     std::vector<std::uint64_t*> peer_flags; ///< each peer's flags mapped here (null: not reachable)
     std::vector<void*> opened;
     std::vector<std::uint64_t> signalled, left; ///< per (peer, channel)
-    std::vector<std::deque<std::pair<std::uint64_t, gpu::event>>> pending;
+    // Signals whose copies may still be running, oldest first, in a ring of events made once
+    // (they complete in this order: one stream): the slot and count each covers.
+    std::vector<gpu::event> ring;
+    std::vector<std::size_t> ring_slot;
+    std::vector<std::uint64_t> ring_count;
+    std::size_t head = 0, queued = 0;
+    std::vector<std::size_t> outstanding; ///< per (peer, channel): its signals in the ring
     gpu::stream poll;         ///< reads of the flags on a real device
     gpu::pinned_buffer slot{sizeof(std::uint64_t)}; ///< where they land (pinned: see gpu::read_value64)
 #ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
@@ -297,7 +317,10 @@ private:
     }
     s.signalled.assign(slots, 0);
     s.left.assign(slots, 0);
-    s.pending.resize(slots);
+    s.outstanding.assign(slots, 0);
+    s.ring.resize(ring_events);
+    s.ring_slot.assign(ring_events, 0);
+    s.ring_count.assign(ring_events, 0);
     // Every rank's flags handle, then map the reachable peers' flags.
     const memory mine = t.register_memory(s.flags.data(), s.flags.size());
     const std::vector<std::byte> blob = t.serialize(mine);
@@ -320,8 +343,23 @@ private:
     }
   }
 
+  /// Events per connection, made when it is, and how long a signal waits for the oldest.
+  static constexpr std::size_t ring_events = 256;
+  static constexpr std::chrono::milliseconds ring_wait{60000};
+
   std::size_t slot(rank_t r, channel_id ch) const noexcept {
     return static_cast<std::size_t>(r) * st_->channels + ch;
+  }
+  // Retires the ring's completed events, oldest first.
+  void reap() {
+    state& st = *st_;
+    while (st.queued > 0 && st.ring[st.head].done()) {
+      const std::size_t k = st.ring_slot[st.head];
+      st.left[k] = st.ring_count[st.head];
+      --st.outstanding[k];
+      st.head = (st.head + 1) % st.ring.size();
+      --st.queued;
+    }
   }
   std::uint64_t flag_value(rank_t peer, channel_id ch) const {
     return gpu::read_value64(reinterpret_cast<const std::uint64_t*>(st_->flags.data()) + slot(peer, ch), st_->poll.get(),
