@@ -3,6 +3,8 @@
 // decompositions, at alpha = 0, 5 and 20 us per stage. Times are model figures (NIC 50 GB/s),
 // reported as ratios to LB_out (the scale-out lower bound), and the decomposition's wall time.
 // Usage: bench_stages [max_servers] (default 512: up to 4096 GPUs; the largest take minutes)
+//        bench_stages --lb-alpha [max_servers]   every decomposer against LB_alpha at alpha 10 us,
+//                                64 MiB per GPU, 64 to 4096 GPUs, with the unsplit bound
 //        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
 //                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
 //                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
@@ -101,6 +103,84 @@ void counts_table(const char* label, const std::vector<traffic_matrix>& ts, int 
               sl.text().c_str());
 }
 
+// The least modelled scale-out time of any schedule that serves each server pair in ONE stage (no
+// pair split across stages): sort every line's (row's and column's) entries largest first; the
+// stages holding a line's i largest entries are i distinct stages, each at least as heavy as its
+// i-th largest entry, so the i-th heaviest stage weighs at least the largest i-th entry over all
+// lines. Plus alpha per stage: at least the most non-zeros in one line. Where every pair carries
+// traffic a schedule of S - 1 stages (the fewest) is of this kind, so a gap between this bound and
+// LB_alpha is what splitting pairs must close.
+double unsplit_bound(const server_matrix& m, const scaleout_model& net) {
+  const Eigen::Index S = m.rows();
+  std::vector<bytes_t> envelope(static_cast<std::size_t>(S), 0), line;
+  std::size_t degree = 0;
+  for (Eigen::Index i = 0; i < S; ++i)
+    for (int col = 0; col < 2; ++col) {
+      line.clear();
+      for (Eigen::Index j = 0; j < S; ++j)
+        if (const bytes_t v = col ? m(j, i) : m(i, j); v > 0) line.push_back(v);
+      std::sort(line.begin(), line.end(), std::greater<>());
+      degree = std::max(degree, line.size());
+      for (std::size_t k = 0; k < line.size(); ++k) envelope[k] = std::max(envelope[k], line[k]);
+    }
+  bytes_t total = 0;
+  for (bytes_t e : envelope) total += e;
+  return net.phase_time(total, degree);
+}
+
+// The stage-aware bound's acceptance grid of issue 13 (alpha 10 us, 64 MiB per GPU): each
+// decomposer's modelled scale-out time over LB_alpha = LB_out + (S - 1) alpha, the best of them,
+// and the unsplit bound (above) over LB_alpha.
+void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
+  const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
+  const bytes_t per_gpu = bytes_t{64} << 20, granule = 8192;
+  std::printf("# scale-out phase in the alpha-beta MODEL (alpha 10 us, 50 GB/s), 64 MiB per GPU: modelled time / LB_alpha,\n"
+              "# LB_alpha = LB_out + (S - 1) alpha; stages in brackets. unsplit: the least any schedule serving each\n"
+              "# server pair in one stage can reach (a bound, not a decomposition), over LB_alpha.\n");
+  std::printf("| workload | GPUs | Birkhoff | bottleneck | slack | quantised | spread-out | best | unsplit bound |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (int servers : {8, 40, 128, 512}) {
+    if (servers > max_servers) break;
+    for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
+      const rank_t n = servers * 8;
+      const std::string w = workload;
+      traffic_matrix t;
+      if (w == "zipf(0.8)") t = zipf_traffic(n, 0.8, per_gpu, 1, granule);
+      else if (w == "zipf(1.0)") t = zipf_traffic(n, 1.0, per_gpu, 1, granule);
+      else if (w == "zipf(1.2)") t = zipf_traffic(n, 1.2, per_gpu, 1, granule);
+      else if (w == "hotspot") t = hotspot_traffic(n, std::max(1, n / 16), 0.5, per_gpu, 1, granule);
+      else if (!trace.empty()) t = megatron_tiled(trace, servers, per_gpu);
+      else continue;
+      const server_matrix m = rail_matrix(t, servers, granule);
+      const double lb_alpha = static_cast<double>(max_line_sum(m)) / net.bandwidth + (servers - 1) * net.alpha_s;
+      std::string cells;
+      double best = 0;
+      const char* best_name = "";
+      auto cell = [&](const char* name, auto dec) {
+        stage_list out;
+        out.max_bytes = std::size_t{1} << 31; // Birkhoff at 4096 GPUs: refused past 2 GiB of stages
+        char buf[64];
+        try {
+          dec.decompose(m, out);
+          const double r = net.stages_time(out.weights) / lb_alpha;
+          if (best == 0 || r < best) best = r, best_name = name;
+          std::snprintf(buf, sizeof buf, " %.3f (%zu) |", r, out.size());
+        } catch (const plan_too_large&) {
+          std::snprintf(buf, sizeof buf, " over 2 GiB |");
+        }
+        cells += buf;
+      };
+      cell("Birkhoff", birkhoff_decomposer{});
+      cell("bottleneck", bottleneck_decomposer{});
+      cell("slack", slack_decomposer{});
+      cell("quantised", quantized_decomposer(net, quantum_rule::formula));
+      cell("spread-out", spread_out_decomposer{});
+      std::printf("| %s | %d |%s **%.3f** %s | %.3f |\n", workload, n, cells.c_str(), best, best_name,
+                  unsplit_bound(m, net) / lb_alpha);
+      std::fflush(stdout);
+    }
+  }
+}
+
 std::string size_name(bytes_t b) {
   return b >= (bytes_t{1} << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
 }
@@ -120,10 +200,15 @@ int main(int argc, char** argv) {
     counts_table("Zipf(1.0) 8 x 8, 64 MiB/GPU, seeds 1-32", z, 8, 1);
     return 0;
   }
-  const int max_servers = argc > 1 ? std::atoi(argv[1]) : 512;
+  const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
+  const int max_servers = argc > 1 + lb_alpha ? std::atoi(argv[1 + lb_alpha]) : 512;
   const double bout = scaleout_model{}.bandwidth; // one 400 Gb/s NIC, the default
   std::vector<traffic_matrix> trace;
   if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
+  if (lb_alpha) {
+    lb_alpha_table(trace, max_servers);
+    return 0;
+  }
   std::printf("# scale-out phase, alpha-beta MODEL: sum over stages of (alpha + weight / 50 GB/s), as a ratio to LB_out;\n"
               "# stages; and decomposition wall time on this machine. q = the quantised decomposer's quantum (closed form).\n");
   std::printf("| workload | GPUs | bytes/GPU | alpha | stages: Birkhoff / bottleneck / slack / quantised (q) | model / LB_out: Birkhoff | bottleneck | slack | quantised | direct | best | slack / LB_alpha | decompose ms: B / b / s / q |\n");
