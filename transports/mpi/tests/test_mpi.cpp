@@ -394,6 +394,41 @@ TEST_CASE("mpi_transport.sent says when a signal's puts have left; test polls wa
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("mpi_transport.progress moves a peer's large put while a message this rank has not taken waits") {
+  // The engine calls progress() on one tier while it waits on the other. A receiver with a signal
+  // it has not waited for yet (queued as unexpected) must still let a peer's rendezvous finish:
+  // a probe that matched that signal returned at once, without MPI's progress, and the peer's
+  // send never completed (seen as a deadlock on the emulated cluster).
+  constexpr std::size_t big = 4 << 20; // past every eager limit
+  constexpr fa::channel_id data{2}, other{3};
+  ring_link link(big);
+  auto& [g, boot, tr, t, send, recv, src, dst, rem] = link;
+  if (g.n < 2) return;
+  if (g.me == 1) t.expect(g.left, dst, 0, big, data);
+  if (g.me == 0) t.signal(g.right, other); // rank 1 takes it only at the end
+  MPI_Barrier(MPI_COMM_WORLD);             // rank 1 has it queued before the put starts
+  bool left = false;
+  if (g.me == 0) {
+    t.put(g.right, src, 0, rem, 0, big, data);
+    t.signal(g.right, data);
+    const auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (!(left = t.sent(g.right, data, 1)) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  }
+  if (g.me == 1) { // only progress(): nothing else of this rank calls MPI meanwhile
+    const auto until = std::chrono::steady_clock::now() + 3s;
+    while (std::chrono::steady_clock::now() < until) t.progress();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g.me == 0) CHECK_MESSAGE(left, "rank 1 called progress() for 3 s and rank 0's 4 MiB put did not leave");
+  if (g.me == 1) {
+    CHECK(t.wait(g.left, other, 1, 20s));
+    CHECK(t.wait(g.left, data, 1, 20s));
+    CHECK(fa::pattern_mismatches(std::span<const std::byte>(recv), g.left, g.me) == 0);
+  }
+  t.flush();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("mpi_transport.zero-byte puts pair with zero-byte expects") {
   const ring g;
   fa::mpi_bootstrap boot(MPI_COMM_WORLD);

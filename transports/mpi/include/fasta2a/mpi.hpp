@@ -581,9 +581,12 @@ public:
     /// Drives MPI's progress once (an MPI_Iprobe that matches nothing it takes). The engine calls
     /// it while it waits on its other tier: this rank's sends and receives in flight may move only
     /// while it calls MPI (a rendezvous over TCP, or over shared memory without single-copy).
+    /// The probe is for a tag no message on this connection's communicator carries: a probe that
+    /// matches a message (any signal not yet taken, with MPI_ANY_TAG) returns without running MPI's
+    /// progress engine, and a peer's rendezvous into this rank would then never move.
     void progress() {
       int flag = 0;
-      detail::mpi_check(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE),
+      detail::mpi_check(MPI_Iprobe(MPI_ANY_SOURCE, progress_tag(), comm_, &flag, MPI_STATUS_IGNORE),
                         "mpi_transport::progress: MPI_Iprobe");
     }
 
@@ -647,6 +650,7 @@ public:
 
     static int data_tag(std::size_t c) noexcept { return static_cast<int>(c); }
     int signal_tag(std::size_t c) const noexcept { return static_cast<int>(channels_ + c); }
+    int progress_tag() const noexcept { return static_cast<int>(2 * channels_); } ///< never sent
     std::size_t lane(rank_t peer, std::size_t c) const noexcept {
       return static_cast<std::size_t>(peer) * channels_ + c;
     }
@@ -822,6 +826,10 @@ public:
   /// every rank makes its connections in the same order.
   connection connect(channel_id channels) {
     if (channels < 1) throw error("mpi_transport::connect: a connection needs at least one channel");
+    // Tags: data c, signals channels + c, progress 2 * channels; MPI guarantees tags up to 32767.
+    if (channels > 16383)
+      throw error("mpi_transport::connect: " + std::to_string(channels) +
+                  " channels do not fit MPI's tags (at most 16383 channels: the smallest MPI_TAG_UB is 32767)");
     return connection(comm_, opt_, channels);
   }
 
