@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <chrono>
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -494,6 +495,47 @@ TEST_CASE("gpu_standin.pageable: a copy from device into pageable memory returns
     s.synchronize();
     CHECK(static_cast<int>(pin.data()[4095]) == round + 1);
   }
+}
+
+TEST_CASE("gpu_standin.context_lock: gpu_memory hands out and takes back events while a pageable copy holds the driver's lock") {
+  // The engine records its per-call events (gpu_memory::record) and drops them on its own thread
+  // while the caller may be blocked in a copy into pageable memory, which holds the driver's
+  // context lock until its stream reaches it. Creating or destroying a runtime event then waits
+  // for that lock (a hang on a real GPU): the pool makes and frees none while calls run.
+  namespace gpu = fasta2a::gpu;
+  standin_settings st(0, 1, false);
+  fasta2a::gpu_standin::settings().context_lock_wait_ms = 300; // would_hang after 300 ms
+  fasta2a::gpu_memory mem;
+  gpu::device_buffer b(4096);
+  auto* flag = reinterpret_cast<std::uint64_t*>(b.data());
+  const std::vector<std::byte> zero(4096, std::byte{0});
+  mem.copy(b.data(), zero.data(), zero.size());
+  mem.synchronize();
+  gpu::stream c;
+  gpu::wait_value64(c.get(), flag, 1);
+  std::vector<std::byte> back(1024, std::byte{9}); // pageable: the copy returns once complete
+  std::thread blocked([&] { gpu::memcpy_async(back.data(), b.data() + 64, back.size(), c.get()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100)); // the copy now holds the lock
+  std::string failure;
+  try {
+    for (int i = 0; i < 200; ++i) { // more than the pool holds at once, in waves of 50
+      std::vector<fasta2a::gpu_memory::event_type> held;
+      for (int k = 0; k < 50; ++k) held.push_back(mem.record(mem.stream()));
+    }
+  } catch (const fasta2a::error& e) {
+    failure = e.what();
+  }
+  bool runtime_event_waits = false; // the control: the lock was held meanwhile
+  try {
+    gpu::event e;
+  } catch (const fasta2a::error&) {
+    runtime_event_waits = true;
+  }
+  mem.write_value(flag, 1);
+  blocked.join();
+  CHECK_MESSAGE(failure.empty(), failure);
+  CHECK(runtime_event_waits);
+  CHECK(std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0}; }));
 }
 
 TEST_CASE("gpu_standin.ipc: a device allocation's IPC handle opens in another process, at an offset") {

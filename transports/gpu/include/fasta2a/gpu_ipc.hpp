@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <span>
