@@ -674,7 +674,7 @@ private:
     if (!gone_.empty())
       throw error("rank " + std::to_string(me_) + ": this engine is unusable since " + gone_ +
                   ": destroy it, its bootstrap and its transports on every rank and make new ones");
-    settle();
+    settle(true);
     if (problem.empty())
       problem = check_arguments(send, send_counts, send_displs, recv, recv_counts, recv_displs, elem_size);
     // A rank with bad arguments still takes part in the exchange, so every rank learns it.
@@ -1279,14 +1279,15 @@ private:
     c.reset();
   }
 
-  // In the calling thread at the start of a call (before its exchange): marks the registrations a
-  // failed call revoked (registered again when next used), and notes the failure for the exchange.
-  void settle() noexcept {
+  // In the calling thread: marks the registrations a failed call revoked (registered again when
+  // next used). At the start of a call (before its exchange) it also notes the failure for the
+  // exchange, under the same lock: a failure noted has its revoked registrations marked too.
+  void settle(bool call_start = false) noexcept {
     std::vector<std::uint64_t> ids;
     {
       std::lock_guard l(qm_);
       ids.swap(revoked_ids_);
-      failed_seen_ = failed_;
+      if (call_start) failed_seen_ = failed_;
     }
     auto mark = [](registration& r) {
       r.up = typename Up::memory{}; // already deregistered: nothing to release again
