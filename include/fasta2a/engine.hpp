@@ -41,8 +41,9 @@ struct engine_options {
   /// no wait for what other ranks receive. Measured on the emulated cluster (README,
   /// examples/cluster): Megatron matrix 0 at 8 servers x 2 ranks 1.11 / 1.01 / 1.02 x LB_server with
   /// windows 3 / 5 / 8; at 4 x 4 windows 3 and 5 are equal, and windows 5, 8, 9 and 16 differ by
-  /// less than the run-to-run noise (FAST over libfabric on Zipf(1.0): median of 3 runs 1.13 /
-  /// 1.11 / 1.07 / one run 1.12 x LB_server). At least 1.
+  /// less than the run-to-run noise (FAST over libfabric on Zipf(1.0), measured before the MPI
+  /// transport's progress fix: median of 3 runs 1.13 / 1.11 / 1.07 / one run 1.12 x LB_server; with
+  /// the fix, window 5 gives 1.07). At least 1.
   std::size_t rail_window = 5;
   /// How the engine's own event loop waits when nothing is ready (spin, yield, then sleep with
   /// back-off). Blocking waits inside a transport use that transport's wait_policy.

@@ -8,9 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstring>
-#include <chrono>
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <span>
@@ -515,7 +515,14 @@ TEST_CASE("gpu_standin.context_lock: gpu_memory hands out and takes back events 
   gpu::wait_value64(c.get(), flag, 1);
   std::vector<std::byte> back(1024, std::byte{9}); // pageable: the copy returns once complete
   std::thread blocked([&] { gpu::memcpy_async(back.data(), b.data() + 64, back.size(), c.get()); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100)); // the copy now holds the lock
+  // Until the copy holds the lock (shared): an exclusive try fails from then on.
+  auto& lock = fasta2a::gpu_standin::detail::context_lock();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool held = false;
+  while (!held && std::chrono::steady_clock::now() < give_up) {
+    held = !lock.try_lock();
+    if (!held) lock.unlock(), std::this_thread::yield();
+  }
   std::string failure;
   try {
     for (int i = 0; i < 200; ++i) { // more than the pool holds at once, in waves of 50
@@ -533,6 +540,7 @@ TEST_CASE("gpu_standin.context_lock: gpu_memory hands out and takes back events 
   }
   mem.write_value(flag, 1);
   blocked.join();
+  REQUIRE_MESSAGE(held, "the pageable copy never took the context lock");
   CHECK_MESSAGE(failure.empty(), failure);
   CHECK(runtime_event_waits);
   CHECK(std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0}; }));
