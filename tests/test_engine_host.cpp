@@ -398,7 +398,7 @@ TEST_CASE("engine.host.ten_thousand_calls_over_three_buffer_sets_keep_registrati
     MESSAGE("cache " << cache << ": rank 0 made " << regs[0] << " registrations and " << deregs[0] << " deregistrations and "
                      << exchanges[0] << " exchanges in 10000 calls; resident memory " << rss_early.load() / 1024 << " KiB after 300 calls, "
                      << rss_late.load() / 1024 << " KiB after 10000");
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef FASTA2A_SANITIZED
     // Under ASan the resident size grows with its quarantine of freed blocks (256 MiB by default)
     // and under TSan with its shadow memory, not with the engine's state: there LeakSanitizer
     // checks that nothing is kept, and the plain build checks that the footprint is flat.

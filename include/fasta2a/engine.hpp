@@ -159,6 +159,13 @@ concept StreamMemorySpace =
       m.wait_value(s, flag, v);
     };
 
+/// `S` is the stream type of the stream-ordered memory space `M` (the constraint of engine's stream
+/// form). A concept of both, not `std::same_as<S, typename M::stream_type>` in the member's
+/// requires-clause, so that the clause stays dependent on `S`: Clang 14 substitutes `M` into it
+/// when the engine is instantiated and fails for a memory space that has no streams.
+template <class M, class S>
+concept StreamOf = StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>;
+
 namespace detail {
 template <class M>
 struct event_of {
@@ -467,7 +474,7 @@ public:
   /// must not be the memory space's own stream (the engine works on that one while the caller's
   /// waits): every rank is told, as for bad arguments.
   template <class S>
-    requires StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>
+    requires StreamOf<M, S>
   void alltoallv(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
                  std::span<const std::uint64_t> send_displs, std::span<std::byte> recv,
                  std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs, S stream,
@@ -485,7 +492,7 @@ public:
 
   /// Typed stream-ordered form.
   template <class T, class S>
-    requires StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>
+    requires StreamOf<M, S>
   void alltoallv(std::span<const T> send, std::span<const std::uint64_t> send_counts,
                  std::span<const std::uint64_t> send_displs, std::span<T> recv,
                  std::span<const std::uint64_t> recv_counts, std::span<const std::uint64_t> recv_displs, S stream) {

@@ -373,8 +373,8 @@ TEST_CASE("mpi_transport.sent says when a signal's puts have left; test polls wa
   t.signal(g.right, fa::channel_id{2});
   t.put(g.right, src, big, rem, big, small, fa::channel_id{2});
   t.signal(g.right, fa::channel_id{2});
-  CHECK(contains(error_of([&] { t.sent(g.right, fa::channel_id{2}, 3); }), "2 times"));
-  CHECK(contains(error_of([&] { t.sent(world_size(), fa::channel_id{2}, 1); }), "not a rank"));
+  CHECK(contains(error_of([&, &t = t, &g = g] { t.sent(g.right, fa::channel_id{2}, 3); }), "2 times"));
+  CHECK(contains(error_of([&, &t = t, &g = g] { t.sent(world_size(), fa::channel_id{2}, 1); }), "not a rank"));
   // Polling test() until it holds is wait(): the bytes it vouches for have landed.
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (!t.test(g.left, fa::channel_id{2}, 2) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
@@ -492,7 +492,7 @@ TEST_CASE("mpi_transport.a peer that puts more than was expected is an error at 
   t.put(g.right, src, 0, rem, 0, 32, fa::channel_id{2});
   t.put(g.right, src, 32, rem, 32, 32, fa::channel_id{2});
   t.signal(g.right, fa::channel_id{2});
-  const std::string msg = error_of([&] { (void)t.wait(g.left, fa::channel_id{2}, 1, 20s); });
+  const std::string msg = error_of([&, &t = t, &g = g] { (void)t.wait(g.left, fa::channel_id{2}, 1, 20s); });
   CHECK(contains(msg, "has put 2 messages on channel 2"));
   CHECK(contains(msg, "expects only 1"));
   // Posting the missing expect repairs it.
@@ -511,7 +511,7 @@ TEST_CASE("mpi_transport.flush names a peer that does not take its bytes in time
   // 1 MiB is past every eager limit: the send cannot complete before the receive is posted.
   t.put(g.right, src, 0, rem, 0, send.size(), fa::channel_id{2});
   t.signal(g.right, fa::channel_id{2});
-  const std::string msg = error_of([&] { t.flush(); });
+  const std::string msg = error_of([&t = t] { t.flush(); });
   CHECK(contains(msg, "sends to rank " + std::to_string(g.right)));
   CHECK(contains(msg, "within 300 ms"));
   MPI_Barrier(MPI_COMM_WORLD);
@@ -648,10 +648,12 @@ void engine_matches_alltoallv(const std::vector<int>& gpus, std::size_t elem) {
     fa::mpi_transport tr(MPI_COMM_WORLD);
     mpi_engine<D> eng(fa::mpi_world_topology(G), boot, tr, tr, {.timeout = 20s, .rail_window = window});
     for (std::uint64_t seed : {1u, 2u})
-      for (const auto& [name, t] : synthetic(n, 3000, seed)) {
+      for (const auto& named : synthetic(n, 3000, seed)) {
+        const auto& [name, t] = named;
+        const auto& shape = name; // CAPTURE's lambda cannot capture a structured binding before Clang 16
         CAPTURE(D::name);
         CAPTURE(G);
-        CAPTURE(name);
+        CAPTURE(shape);
         CAPTURE(seed);
         const call_check c = check_call(eng, t, elem);
         CHECK(c.wrong == 0);
