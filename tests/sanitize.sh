@@ -43,20 +43,19 @@ case $kind in
   tsan)
     build=build-tsan
     sanitize=thread
-    # The engine and its transports: host threads, MPI, the conformance suites, the GPU transport on
-    # the stand-in runtime, the TCP bootstrap, libfabric. Not the CLI: its nine units cost about as
-    # much to build under TSan as all of these, and its runs drive the same engine and transports.
-    # Not the GPU stand-in: its streams are threads that poll, and under TSan its conformance run
-    # took more than 8 minutes of CPU per world on these 2 cores without finishing (`tests/sanitize.sh
+    # The engine and its transports where threads share state: host threads, MPI, the conformance
+    # suites, the TCP bootstrap. Not the CLI: its nine units cost about as much to build under TSan
+    # as all of these, and its runs drive the same engine and transports. Not libfabric: its
+    # transport has no thread, lock or atomic of its own (each object belongs to one rank's thread),
+    # and every report that names a libfabric frame is suppressed (its provider threads synchronise
+    # in ways TSan does not see), so in its tcp world (121 s under TSan in CI, the job's largest
+    # test, 0 reports) TSan sees only code that the host and MPI runs check too; the ASan job runs
+    # all five of its worlds. Not the
+    # GPU stand-in: its streams are threads that poll, and under TSan (GCC) its conformance run took
+    # more than 8 minutes of CPU per world on these 2 cores without finishing (`tests/sanitize.sh
     # tsan` with FASTA2A_TSAN_GPU=1 adds it back).
-    targets=(test_engine_host test_conformance_host test_tcp_bootstrap test_mpi test_conformance_mpi
-             test_conformance_libfabric)
-    # libfabric: the tcp world only (ofi_rxm over tcp, the provider the CLI and the README use). Each
-    # endpoint libfabric opens zeroes its 17 MB receive pool, which TSan tracks byte range by byte
-    # range: the tcp world alone took 846 s under TSan on a loaded 2-core machine (ctest's limit is
-    # 900 s; doubled in sanitizer builds), and the shm, delayed and completion worlds run the same
-    # transport code with another provider or timing. They all run under ASan+UBSan.
-    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)|^libfabric\.conformance\.tcp$'
+    targets=(test_engine_host test_conformance_host test_tcp_bootstrap test_mpi test_conformance_mpi)
+    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)'
     if [[ ${FASTA2A_TSAN_GPU:-0} == 1 ]]; then
       targets+=(test_gpu_ipc_standin test_gpu_engine_mpi)
       include+='|^gpu_standin'
