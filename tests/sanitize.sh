@@ -25,8 +25,8 @@ supp=$PWD/tests/sanitizers
 exclude='^cli\.run_without_threads_is_a_clear_error$|^cli\.robust$|^chaos\.'
 # - MPI worlds of more than 4 ranks, and the tcp BTL's worlds past 2 ranks: on 2 cores they
 #   oversubscribe 2 to 8 times and run, 2 to 4 times slower each, the code paths of the worlds of 2
-#   and 4 ranks, which run (at 4 ranks the MPI tests plan 1 x 4, 2 x 2 and 4 x 1: both tiers). Under ASan+UBSan
-#   the MPI part took 1,109 s with them (mpi.np8 68 s, mpi.np16 126 s, the libfabric CLI on 16 ranks
+#   and 4 ranks, which run (at 4 ranks the MPI tests plan 1 x 4, 2 x 2 and 4 x 1: both tiers).
+#   Under ASan+UBSan the MPI part took 1,109 s with them (mpi.np8 68 s, mpi.np16 126 s, the libfabric CLI on 16 ranks
 #   108 s), under TSan mpi.np8 alone 93 s. The plain build runs them all.
 exclude+='|^mpi\.np(8|16)|^mpi\.np4\.tcp$|^mpi\.conformance\.np(8|4\.tcp)$|^gpu_standin\.engine_mpi\.np8$'
 exclude+='|^cli\.run_libfabric_tcp_np(8|16)$'
@@ -50,10 +50,9 @@ case $kind in
     # and every report that names a libfabric frame is suppressed (its provider threads synchronise
     # in ways TSan does not see), so in its tcp world (121 s under TSan in CI, the job's largest
     # test, 0 reports) TSan sees only code that the host and MPI runs check too; the ASan job runs
-    # all five of its worlds. Not the
-    # GPU stand-in: its streams are threads that poll, and under TSan (GCC) its conformance run took
-    # more than 8 minutes of CPU per world on these 2 cores without finishing (`tests/sanitize.sh
-    # tsan` with FASTA2A_TSAN_GPU=1 adds it back).
+    # all five of its worlds. Not the GPU stand-in: its streams are threads that poll, and under
+    # TSan (GCC) its conformance run took more than 8 minutes of CPU per world on these 2 cores
+    # without finishing (`tests/sanitize.sh tsan` with FASTA2A_TSAN_GPU=1 adds it back).
     targets=(test_engine_host test_conformance_host test_tcp_bootstrap test_mpi test_conformance_mpi)
     include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)'
     if [[ ${FASTA2A_TSAN_GPU:-0} == 1 ]]; then
