@@ -180,7 +180,9 @@ for r in "${!pid[@]}"; do
     line+=" CPU $(secs "$used") s over $(secs "$wall") s waiting (${share}%, blocked ${blocked}/s);"
     if [ "$wall" -ge 300000 ]; then
       [ "$share" -lt "$cpu_share" ] || fail "rank $r used ${share}% of a core while waiting (bound ${cpu_share}%): it spins"
-      [ "$blocked" -ge 50 ] || fail "rank $r blocked only ${blocked} times a second while waiting: it spins"
+      # A rank that used under 1% of a core did not spin, however seldom it blocked (its sleeps ran
+      # long: once 25 a second at 0.00 s of CPU in a clean-clone CI run).
+      [ "$blocked" -ge 50 ] || [ "$share" -lt 1 ] || fail "rank $r blocked only ${blocked} times a second while waiting: it spins"
     fi
   else
     line+=" (ended before its CPU time could be sampled);"
