@@ -252,6 +252,39 @@ TEST_CASE("planner.rail_matrix_matches_granules_dealt_by_hand") {
   CHECK(per_rail_bytes(13, 2, 3) == 7);
 }
 
+TEST_CASE("planner.rail_capacities_deal_extra_granules_to_the_busiest_diagonal_first") {
+  // Reference: base granules to every rail, then the remainder one granule at a time (the last
+  // partial) in a stable sort of the rails by their diagonal entry, largest first. Checked on both
+  // of rail_capacities' paths (up to 64 rails, and past 64), with many ties, remainders and
+  // granules large enough that G x granule passes 64 bits.
+  std::mt19937_64 rng(1313);
+  for (int iter = 0; iter < 4000; ++iter) {
+    const int G = iter % 4 == 3 ? 65 + static_cast<int>(rng() % 40) : 1 + static_cast<int>(rng() % 16);
+    const bytes_t granule = iter % 50 == 0 ? (bytes_t{1} << 62) + rng() % 1000 : 1 + rng() % 64;
+    const bytes_t v = iter % 50 == 0 ? rng() : rng() % (static_cast<bytes_t>(G) * 200 + 1);
+    std::vector<bytes_t> diag(static_cast<std::size_t>(G) * 3);
+    for (int k = 0; k < G; ++k) diag[static_cast<std::size_t>(k) * 3] = rng() % 4; // ties are common
+    std::vector<int> order(static_cast<std::size_t>(G));
+    for (int k = 0; k < G; ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return diag[a * 3u] > diag[b * 3u]; });
+    const bytes_t unit = granule > ~bytes_t{0} / static_cast<bytes_t>(G) ? 0 : G * granule;
+    const bytes_t base = unit == 0 ? 0 : v / unit * granule;
+    std::vector<bytes_t> want(static_cast<std::size_t>(G), base);
+    bytes_t rem = v - base * static_cast<bytes_t>(G);
+    for (int i = 0; i < G && rem > 0; ++i) {
+      const bytes_t x = std::min(rem, granule);
+      want[order[i]] += x;
+      rem -= x;
+    }
+    std::vector<bytes_t> got(static_cast<std::size_t>(G));
+    CAPTURE(iter);
+    CAPTURE(G);
+    const bytes_t top = rail_capacities(v, G, granule, diag.data(), 3, got.data());
+    CHECK(got == want);
+    CHECK(top == *std::max_element(want.begin(), want.end()));
+  }
+}
+
 TEST_CASE("planner.stages_hold_no_idle_pairs_and_birkhoff_is_heaviest_first") {
   // Properties the verifier does not check (mutants of both survived it, issue 12): a server sends
   // to another in a stage only if some piece of that pair rides the stage (a stage that only carries

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -37,23 +39,48 @@ struct plan_options {
 
 /// Rail capacities of one server pair carrying V bytes over G rails: each rail gets the same
 /// multiple of the granule, and the remainder goes one granule at a time (the last part smaller)
-/// to the rails listed first in `order`. Returns the largest capacity.
-inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const int* order,
-                               bytes_t* cap) {
+/// to the rails in order of their diagonal entry, largest first, ties to the lower rail: diag[k *
+/// stride] is what GPU k sends GPU k of the other server, which rides rail k with no scale-up hop.
+/// Returns the largest capacity.
+inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes_t* diag, std::size_t stride,
+                               bytes_t* cap) noexcept {
   // G x granule past 64 bits is more than any v: every rail gets no whole granule then (the
   // product must not wrap, or a unit of 0 would divide by zero).
   bytes_t unit = 0;
   const bytes_t base = __builtin_mul_overflow(static_cast<bytes_t>(gpus), granule, &unit) ? 0 : (v / unit) * granule;
-  bytes_t rem = v - base * gpus; // < gpus * granule
+  const bytes_t rem = v - base * gpus; // < gpus * granule
   for (int k = 0; k < gpus; ++k) cap[k] = base;
-  bytes_t top = base;
-  for (int i = 0; i < gpus && rem > 0; ++i) {
-    bytes_t extra = std::min(rem, granule);
-    cap[order[i]] += extra;
-    top = std::max(top, cap[order[i]]);
-    rem -= extra;
+  if (rem == 0) return base;
+  // The rails that get more than the base are the first whole + 1 in that order (or whole, if
+  // the division is exact): picked by repeated maximum, or by counting, for rail k, the rails
+  // before it in the order, past 64 rails.
+  const bytes_t whole = rem / granule, part = rem % granule;
+  if (gpus <= 64) {
+    std::uint64_t taken = 0;
+    for (bytes_t i = 0; i <= whole && i < static_cast<bytes_t>(gpus); ++i) {
+      int best = -1;
+      bytes_t top = 0;
+      for (int j = 0; j < gpus; ++j) {
+        const bytes_t dj = diag[static_cast<std::size_t>(j) * stride];
+        const bool better = !((taken >> j) & 1) && (best < 0 || dj > top);
+        best = better ? j : best;
+        top = better ? dj : top;
+      }
+      taken |= std::uint64_t{1} << best;
+      cap[best] += i < whole ? granule : part;
+    }
+  } else {
+    for (int k = 0; k < gpus; ++k) {
+      const bytes_t dk = diag[static_cast<std::size_t>(k) * stride];
+      bytes_t place = 0;
+      for (int j = 0; j < gpus; ++j) {
+        const bytes_t dj = diag[static_cast<std::size_t>(j) * stride];
+        place += (dj > dk) | ((dj == dk) & (j < k));
+      }
+      cap[k] += place < whole ? granule : place == whole ? part : 0;
+    }
   }
-  return top;
+  return base + std::min(rem, granule);
 }
 
 /// The per-rail bytes from server s to server d in a FAST plan: the largest rail capacity of the
@@ -243,7 +270,6 @@ private:
       out_sum_.assign(SG, 0);
       in_sum_.assign(SG, 0);
     }
-    if (order_.size() < static_cast<std::size_t>(G)) order_.resize(G);
     const std::size_t ld = static_cast<std::size_t>(t.outerStride());
     const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
     if (nic) nic_.assign(2 * SG, 0);
@@ -254,9 +280,7 @@ private:
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
-        bytes_t v = 0;
-        for (int a = 0; a < G; ++a)
-          for (int b = 0; b < G; ++b) overflow |= __builtin_add_overflow(v, blk[a * ld + b], &v);
+        const bytes_t v = block_sum(blk, ld, G, overflow);
         overflow |= __builtin_add_overflow(total, v, &total);
         if (s == d) continue;
         if (nic) // the busiest NIC under direct sending: each GPU's own inter-server bytes
@@ -266,13 +290,9 @@ private:
               nic_[SG + d * G + b] += blk[a * ld + b];
             }
         // Extra granules go to the rails with the most traffic that needs no scale-up hop.
-        for (int k = 0; k < G; ++k) order_[k] = k;
-        for (int i = 1; i < G; ++i) // insertion sort: G is small and this must not allocate
-          for (int j = i; j > 0 && blk[order_[j] * (ld + 1)] > blk[order_[j - 1] * (ld + 1)]; --j)
-            std::swap(order_[j], order_[j - 1]);
         const bool kept = !view || s == home || d == home;
         bytes_t* cap = kept ? caps_.data() + pair_slot(p, S, G, s, d) * G : other_caps_.data();
-        m_(s, d) = rail_capacities(v, G, opt_.granule, order_.data(), cap);
+        m_(s, d) = rail_capacities(v, G, opt_.granule, blk, ld + 1, cap);
         if (view && D::staged) // staging_layout::build's two passes, summed in one
           for (int k = 0; k < G; ++k) {
             bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
@@ -303,6 +323,29 @@ private:
         }
       }
     }
+  }
+
+  // The sum of a G x G block, setting `overflow` if it passes 64 bits. The high and low 32 bits of
+  // the entries are summed apart, which cannot wrap for fewer than 2^32 entries and vectorises.
+  static bytes_t block_sum(const bytes_t* blk, std::size_t ld, int G, bool& overflow) noexcept {
+    if (static_cast<std::uint64_t>(G) * static_cast<std::uint64_t>(G) >= (std::uint64_t{1} << 32)) {
+      bytes_t v = 0;
+      for (int a = 0; a < G; ++a)
+        for (int b = 0; b < G; ++b) overflow |= __builtin_add_overflow(v, blk[a * ld + b], &v);
+      return v;
+    }
+    bytes_t lo = 0, hi = 0;
+    for (int a = 0; a < G; ++a) {
+      const bytes_t* row = blk + a * ld;
+      for (int b = 0; b < G; ++b) {
+        lo += row[b] & 0xffffffffu;
+        hi += row[b] >> 32;
+      }
+    }
+    // v = hi 2^32 + lo, where hi < 2^32 is needed for the product to fit.
+    bytes_t v = 0;
+    overflow |= (hi >> 32) != 0 || __builtin_add_overflow(hi << 32, lo, &v);
+    return v;
   }
 
   // The model the direct fallback compares in: the topology's, at the option's alpha.
@@ -413,11 +456,11 @@ private:
     if (cap_.size() < static_cast<std::size_t>(G)) {
       cap_.resize(G);
       res_.resize(G);
-      order_.resize(G);
       used_.resize(G);
       cursor_.resize(G);
       railpos_.resize(G);
       parent_.resize(G);
+      fits_.resize(G);
       bfs_.resize(G);
     }
     if (y_.size() < GG) y_.resize(GG);
@@ -434,9 +477,39 @@ private:
     //    Maximise the bytes placed on one of their own two rails: a max flow from the pair
     //    {u, v} to rails u and v, started greedily and finished with augmenting paths.
     std::fill(y_.begin(), y_.begin() + GG, 0);
+    const std::size_t W = words();
+    if (nz_.size() < static_cast<std::size_t>(G) * W) {
+      nz_.resize(static_cast<std::size_t>(G) * W);
+      room_.resize(W);
+      seen_.resize(W);
+    }
+    std::fill_n(nz_.begin(), static_cast<std::size_t>(G) * W, 0);
+    std::fill_n(room_.begin(), W, 0);
+    for (int k = 0; k < G; ++k)
+      if (res_[k] > 0) set_bit(room_, 0, k);
+    //    A rail whose pairs' bytes all fit in it (its row and column of the block, the
+    //    diagonal aside, at most its capacity left) can take every pair it is in: some max flow
+    //    puts each such pair wholly there (moving a pair's bytes onto it never takes room another
+    //    pair could use). So those pairs are placed at once (on the sender's rail when both rails
+    //    can take them), and the flow is searched only among the rails that cannot.
+    for (int k = 0; k < G; ++k) {
+      bytes_t v = 0;
+      for (int o = 0; o < G; ++o) v += o == k ? 0 : B(k, o) + B(o, k);
+      fits_[k] = v <= res_[k];
+    }
     for (int u = 0; u < G; ++u)
       for (int w = u + 1; w < G; ++w) {
         bytes_t uw = B(u, w), wu = B(w, u);
+        if (fits_[u] && fits_[w]) {
+          place(u, w, uw, G);
+          place(w, u, wu, G);
+          continue;
+        }
+        if (fits_[u] || fits_[w]) {
+          if (fits_[u]) place(u, w, uw + wu, G);
+          else place(w, u, uw + wu, G);
+          continue;
+        }
         bytes_t x = std::min(uw, res_[u]);
         place(u, w, x, G);
         uw -= x;
@@ -453,80 +526,42 @@ private:
       }
 
     // Pieces, message by message; each rail's position advances through the pair's stages.
-    const std::int32_t* stages = pair_stages_.data() + pair_first_[pr];
-    const std::size_t nstages = pair_first_[pr + 1] - pair_first_[pr];
+    pair_cursor c;
+    c.stages = pair_stages_.data() + pair_first_[pr];
+    c.nstages = pair_first_[pr + 1] - pair_first_[pr];
+    c.weight = p.stage_weight.data();
+    c.out_base = p.view < 0 ? layout_.out_base(pr * G) : view_out_.data() + slot * G;
+    c.in_base = p.view < 0 ? layout_.in_base(pr * G) : view_in_.data() + slot * G;
+    c.s = s;
+    c.d = d;
     for (int k = 0; k < G; ++k) {
       cursor_[k] = 0;
       used_[k] = 0;
       railpos_[k] = 0;
     }
-    const bytes_t* out_base = p.view < 0 ? layout_.out_base(pr * G) : view_out_.data() + slot * G;
-    const bytes_t* in_base = p.view < 0 ? layout_.in_base(pr * G) : view_in_.data() + slot * G;
     bytes_t* railpos = railpos_.data();
     const rank_t view = p.view;
+    // What a rank's view keeps of this pair: its own messages, and whatever rides its rail (the
+    // pair touches its server). A chunk it does not keep only advances its rail's stream.
+    const int my_rail = view < 0 ? -1 : view % G;
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
     int spill = 0;
-    const bytes_t* weight = p.stage_weight.data();
-    std::size_t* cursor = cursor_.data();
-    bytes_t* cum = used_.data(); // per rail: cumulative weight through its current stage
-    // Rail k's stream of this pair fills the pair's stages in order: byte position P of the
-    // stream rides the stage whose cumulative weight range holds P. A chunk no piece of which the
-    // view keeps only advances the stream (O(1)); the others walk the stages they span.
-    auto emit = [&](rank_t src, rank_t dst, int k, bytes_t bytes, bytes_t& off) FASTA2A_INLINE {
-      if (bytes == 0) return;
-      const rank_t rs = s * G + k, rd = d * G + k;
-      bytes_t pos = railpos[k];
-      const bytes_t end = pos + bytes;
-      railpos[k] = end;
-      if (!(view < 0 || view == src || view == dst || view == rs || view == rd)) {
-        off += bytes;
-        return;
-      }
-      const int a = src - s * G, b = dst - d * G;
-      // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not. A
-      // rank's view counts the bytes of its own pieces only.
-      if (view < 0 || view == src || view == dst) {
-        const int hops = (a != k) + (k != b);
-        for (int h = 0; h < hops; ++h)
-          p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
-      }
-      while (pos < end) {
-        while (cum[k] <= pos) {
-          if (cursor[k] >= nstages)
-            throw error("internal error: rail " + std::to_string(k) + " of server pair (" +
-                        std::to_string(s) + ", " + std::to_string(d) + ") ran out of stages");
-          cum[k] += weight[stages[cursor[k]++]];
-        }
-        const std::int32_t st = stages[cursor[k] - 1];
-        const bytes_t x = std::min(end, cum[k]) - pos;
-        piece pc{src, dst, off, x, st, k};
-        detail::staging_layout::place(pc, rs, rd, out_base[k], in_base[k], pos);
-        index_.add(pc);
-        p.pieces.push_back(pc);
-        pos += x;
-        off += x;
-      }
-    };
-    auto spill_rest = [&](rank_t src, rank_t dst, bytes_t left, bytes_t& off) FASTA2A_INLINE {
-      while (left > 0) {
-        while (spill < G && res_[spill] == 0) ++spill;
-        if (spill == G)
-          throw error("internal error: server pair (" + std::to_string(s) + ", " +
-                      std::to_string(d) + ") has more bytes than rail capacity");
-        bytes_t x = std::min(left, res_[spill]);
-        res_[spill] -= x;
-        emit(src, dst, spill, x, off);
-        left -= x;
-      }
-    };
     for (int a = 0; a < G; ++a)
       for (int b = 0; b < G; ++b) {
         const rank_t src = s * G + a, dst = d * G + b;
-        open_message(p, src, dst);
+        const bool mine = view < 0 || view == src || view == dst;
         bytes_t off = 0, left = B(a, b);
+        auto chunk = [&](int k, bytes_t bytes) FASTA2A_INLINE {
+          if (mine || k == my_rail) emit(p, c, src, dst, k, bytes, off, mine);
+          else {
+            railpos[k] += bytes;
+            off += bytes;
+          }
+        };
+        open_message(p, src, dst);
         if (a == b) {
-          bytes_t x = std::min(left, cap_[a]);
-          emit(src, dst, a, x, off);
+          const bytes_t x = std::min(left, cap_[a]);
+          chunk(a, x);
           left -= x;
         } else {
           // Pair {a, b} holds y(a, b) bytes on rail a and y(b, a) on rail b, for both
@@ -536,41 +571,126 @@ private:
           const bytes_t mine_a = std::min(left, on_a);
           const bytes_t rev_b = std::min(back, on_b);
           const bytes_t mine_b = std::min(left - mine_a, on_b - rev_b);
-          emit(src, dst, a, mine_a, off);
-          emit(src, dst, b, mine_b, off);
+          chunk(a, mine_a);
+          chunk(b, mine_b);
           left -= mine_a + mine_b;
         }
-        spill_rest(src, dst, left, off);
+        while (left > 0) {
+          while (spill < G && res_[spill] == 0) ++spill;
+          if (spill == G) pair_overflow(s, d);
+          const bytes_t x = std::min(left, res_[spill]);
+          res_[spill] -= x;
+          chunk(spill, x);
+          left -= x;
+        }
         close_message(p, src, dst);
       }
   }
 
+  // Where one server pair's rail streams are: the pair's stages, and its staging bases per rail.
+  struct pair_cursor {
+    const std::int32_t* stages;
+    std::size_t nstages;
+    const bytes_t* weight;
+    const bytes_t* out_base;
+    const bytes_t* in_base;
+    int s, d;
+  };
+
+  // The pieces of `bytes` bytes of message src -> dst on rail k at the rail stream's current
+  // position: rail k's stream fills the pair's stages in order, so byte position P of the stream
+  // rides the stage whose cumulative weight range holds P. `mine`: the piece is src's or dst's
+  // (its scale-up hops count toward the plan's scale-up bytes), not only its rail's.
+  FASTA2A_INLINE void emit(plan& p, const pair_cursor& c, rank_t src, rank_t dst, int k, bytes_t bytes,
+                           bytes_t& off, bool mine) {
+    if (bytes == 0) return;
+    const int G = gpus();
+    const rank_t rs = c.s * G + k, rd = c.d * G + k;
+    bytes_t pos = railpos_[k];
+    const bytes_t end = pos + bytes;
+    railpos_[k] = end;
+    // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not.
+    if (mine) {
+      const int hops = (src != rs) + (rd != dst);
+      for (int h = 0; h < hops; ++h)
+        p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
+    }
+    bytes_t& cum = used_[k]; // cumulative weight through the rail's current stage
+    std::size_t& cursor = cursor_[k];
+    while (pos < end) {
+      while (cum <= pos) {
+        if (cursor >= c.nstages) rail_overflow(k, c.s, c.d);
+        cum += c.weight[c.stages[cursor++]];
+      }
+      const std::int32_t st = c.stages[cursor - 1];
+      const bytes_t x = std::min(end, cum) - pos;
+      piece pc{src, dst, off, x, st, k};
+      detail::staging_layout::place(pc, rs, rd, c.out_base[k], c.in_base[k], pos);
+      index_.add(pc);
+      p.pieces.push_back(pc);
+      pos += x;
+      off += x;
+    }
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] static void rail_overflow(int k, int s, int d) {
+    throw error("internal error: rail " + std::to_string(k) + " of server pair (" + std::to_string(s) + ", " +
+                std::to_string(d) + ") ran out of stages");
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void pair_overflow(int s, int d) {
+    throw error("internal error: server pair (" + std::to_string(s) + ", " + std::to_string(d) +
+                ") has more bytes than rail capacity");
+  }
+
+  // Phase 1's flow keeps, besides y and res, bit sets of G bits (W words each): nz_ row x has bit z
+  // where y(x, z) > 0 (pair {x, z} has bytes on rail x that could move to rail z), room_ has bit
+  // z where rail z has capacity left. The augmenting search then visits a rail's movable
+  // neighbours a word at a time instead of testing every rail.
+  static constexpr int bits = 64;
+  std::size_t words() const noexcept { return (static_cast<std::size_t>(gpus()) + bits - 1) / bits; }
+  void set_bit(std::vector<std::uint64_t>& v, std::size_t row, int z) noexcept {
+    v[row * words() + static_cast<std::size_t>(z / bits)] |= std::uint64_t{1} << (z % bits);
+  }
+  void clear_bit(std::vector<std::uint64_t>& v, std::size_t row, int z) noexcept {
+    v[row * words() + static_cast<std::size_t>(z / bits)] &= ~(std::uint64_t{1} << (z % bits));
+  }
+
   // y(x, o) += amount: pair {x, o} places `amount` more bytes on rail x.
-  void place(int x, int o, bytes_t amount, int G) {
+  FASTA2A_INLINE void place(int x, int o, bytes_t amount, int G) {
+    if (amount == 0) return;
     y_[x * G + o] += amount;
-    res_[x] -= amount;
+    set_bit(nz_, static_cast<std::size_t>(x), o);
+    if ((res_[x] -= amount) == 0) clear_bit(room_, 0, x);
   }
 
   // Augmenting paths over rails for `left` bytes of pair {u, w} whose own rails are full: shift
   // bytes of other pairs off a full rail onto their other rail until one with room is reached.
+  // Breadth-first from {u, w}, neighbours in increasing rail order.
   void augment(int u, int w, bytes_t& left, int G) {
+    const std::size_t W = words();
     while (left > 0) {
-      std::fill(parent_.begin(), parent_.begin() + G, -2);
+      std::fill(seen_.begin(), seen_.end(), 0);
+      set_bit(seen_, 0, u);
+      set_bit(seen_, 0, w);
+      parent_[u] = parent_[w] = -1;
       int head = 0, tail = 0, found = -1;
-      parent_[u] = -1;
       bfs_[tail++] = u;
-      parent_[w] = -1;
       bfs_[tail++] = w;
       while (head < tail && found < 0) {
-        int x = bfs_[head++];
-        for (int z = 0; z < G; ++z) {
-          if (parent_[z] != -2 || y_[x * G + z] == 0) continue;
-          parent_[z] = x;
-          if (res_[z] > 0) {
-            found = z;
+        const int x = bfs_[head++];
+        for (std::size_t k = 0; k < W && found < 0; ++k) {
+          std::uint64_t next = nz_[static_cast<std::size_t>(x) * W + k] & ~seen_[k];
+          if (const std::uint64_t hit = next & room_[k]) {
+            found = static_cast<int>(k) * bits + std::countr_zero(hit);
+            parent_[found] = x;
             break;
           }
-          bfs_[tail++] = z;
+          seen_[k] |= next;
+          for (; next != 0; next &= next - 1) {
+            const int z = static_cast<int>(k) * bits + std::countr_zero(next);
+            parent_[z] = x;
+            bfs_[tail++] = z;
+          }
         }
       }
       if (found < 0) return; // the rest must ride rails that cost two hops
@@ -581,11 +701,15 @@ private:
         start = parent_[z];
       }
       for (int z = found; parent_[z] >= 0; z = parent_[z]) {
-        y_[parent_[z] * G + z] -= amt;
-        y_[z * G + parent_[z]] += amt;
+        const int x = parent_[z];
+        if ((y_[x * G + z] -= amt) == 0) clear_bit(nz_, static_cast<std::size_t>(x), z);
+        y_[z * G + x] += amt;
+        set_bit(nz_, static_cast<std::size_t>(z), x);
       }
-      res_[found] -= amt;
-      y_[start * G + (start == u ? w : u)] += amt;
+      if ((res_[found] -= amt) == 0) clear_bit(room_, 0, found);
+      const int other = start == u ? w : u;
+      y_[start * G + other] += amt;
+      set_bit(nz_, static_cast<std::size_t>(start), other);
       left -= amt;
     }
   }
@@ -604,7 +728,9 @@ private:
   std::vector<bytes_t> other_caps_, view_out_, view_in_, out_sum_, in_sum_; // a view's (rail_layout)
   std::vector<bytes_t> nic_;                        // per rank: inter-server bytes out, then in
   std::vector<std::size_t> cursor_;
-  std::vector<int> order_, parent_, bfs_;
+  std::vector<int> parent_, bfs_;
+  std::vector<std::uint64_t> nz_, room_, seen_;     // phase 1's bit sets (augment)
+  std::vector<char> fits_;                          // phase 1: rails that can take all their pairs
   detail::index_builder<static_gpus_v<Topo>> index_;
 };
 
