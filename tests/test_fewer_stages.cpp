@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fasta2a/cost_model.hpp"
+#include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/planner.hpp"
 #include "fasta2a/verify.hpp"
@@ -649,4 +650,123 @@ TEST_CASE("quantized.formula_rule_one_decomposition_per_call") {
   server_matrix m = server_matrix::Constant(6, 6, 12345);
   m.diagonal().setZero();
   CHECK(quantized_decomposer::formula_quantum(m, {0.0, 50e9}) == 1);
+}
+
+// The most non-zeros in one row or column: the fewest stages any schedule of m can have.
+static int max_degree(const server_matrix& m) {
+  const int S = static_cast<int>(m.rows());
+  int k = 0;
+  for (int i = 0; i < S; ++i) {
+    int row = 0, col = 0;
+    for (int j = 0; j < S; ++j) {
+      row += i != j && m(i, j) != 0;
+      col += i != j && m(j, i) != 0;
+    }
+    k = std::max({k, row, col});
+  }
+  return k;
+}
+
+TEST_CASE("factorized.every_pair_in_exactly_one_stage_of_weight_its_stage_maximum") {
+  static_assert(Decomposer<factorized_decomposer>);
+  static_assert(!factorized_decomposer::exact && factorized_decomposer::staged);
+  std::mt19937_64 rng(1313);
+  factorized_decomposer dec;
+  stage_list out;
+  for (int iter = 0; iter < 400; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % (iter < 300 ? 12 : 70));
+    const server_matrix m = random_server_matrix(rng, S);
+    CAPTURE(iter);
+    CAPTURE(S);
+    dec.decompose(m, out);
+    const coverage_report r = check_stages(m, out);
+    CHECK(r.permutations);
+    CHECK(r.covered);
+    // D stages exactly: the fewest any schedule can have, since a stage serves one peer per line.
+    CHECK(out.size() == static_cast<std::size_t>(max_degree(m)));
+    CHECK(out.servers == S);
+    server_matrix served = server_matrix::Zero(S, S);
+    for (std::size_t t = 0; t < out.size(); ++t) {
+      bytes_t largest = 0;
+      for (int s = 0; s < S; ++s)
+        if (const int d = out.perm(t)[s]; d >= 0 && d != s) {
+          CHECK(m(s, d) > 0); // no stage serves a pair with nothing to send
+          ++served(s, d);
+          largest = std::max(largest, m(s, d));
+        }
+      CHECK(out.weights[t] == largest); // a stage weighs its largest entry, no more
+      if (t > 0) CHECK(out.weights[t] <= out.weights[t - 1]); // heaviest first
+    }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d) CHECK(served(s, d) == (m(s, d) > 0 ? 1 : 0));
+    // Not exact, but never under L: every line's entries are in distinct stages.
+    CHECK(r.total >= max_line_sum(m));
+  }
+}
+
+TEST_CASE("factorized.storage_is_reused_results_are_deterministic_and_the_size_limit_applies") {
+  std::mt19937_64 rng(77);
+  factorized_decomposer dec;
+  stage_list a, b;
+  for (int iter = 0; iter < 60; ++iter) {
+    const server_matrix big = random_server_matrix(rng, 2 + static_cast<int>(rng() % 40));
+    const server_matrix m = random_server_matrix(rng, 1 + static_cast<int>(rng() % 20));
+    dec.decompose(big, a); // a different, larger matrix first: nothing may leak
+    dec.decompose(m, a);
+    factorized_decomposer{}.decompose(m, b);
+    CHECK(a.weights == b.weights);
+    CHECK(a.perms == b.perms);
+  }
+  stage_list small;
+  small.max_bytes = 200;
+  server_matrix uneven = server_matrix::Zero(8, 8);
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j)
+      if (i != j) uneven(i, j) = 1000 + static_cast<bytes_t>(i * 37 + j * 11) % 500;
+  CHECK_THROWS_AS(dec.decompose(uneven, small), plan_too_large);
+}
+
+TEST_CASE("factorized.a_matrix_made_of_permutations_of_equal_entries_is_found_exactly") {
+  // Each cyclic shift t carries one value v_t on all its pairs: the colouring that puts each shift
+  // in its own stage reaches the least possible sum (v_1 + ... + v_{S-1} = L), and the greedy, which
+  // places the largest entries first, finds it (every entry of one value fits the first stage
+  // free at both ends, and the shifts of one value never collide).
+  for (int S : {2, 3, 5, 8, 17, 40}) {
+    CAPTURE(S);
+    server_matrix m = server_matrix::Zero(S, S);
+    for (int t = 1; t < S; ++t)
+      for (int s = 0; s < S; ++s) m(s, (s + t) % S) = static_cast<bytes_t>(1000 * t + 7);
+    stage_list out;
+    factorized_decomposer{}.decompose(m, out);
+    CHECK(out.size() == static_cast<std::size_t>(S - 1));
+    bytes_t total = 0;
+    for (bytes_t w : out.weights) total += w;
+    CHECK(total == max_line_sum(m));
+  }
+}
+
+TEST_CASE("planner.factorized_plans_verify") {
+  std::mt19937_64 rng(4242);
+  plan p;
+  for (int iter = 0; iter < 120; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 12);
+    const bytes_t granule = rng() % 2 ? 4096 : 1;
+    const bytes_t per_gpu = (rng() % 4096 + 1) * 4096;
+    traffic_matrix t;
+    switch (iter % 3) {
+    case 0: t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule); break;
+    case 1: t = hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule); break;
+    default: t = uniform_traffic(S * 8, per_gpu, rng(), granule); break;
+    }
+    CAPTURE(iter);
+    CAPTURE(S);
+    planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(S), {.granule = granule});
+    pl.make_into(t, p);
+    check_plan(p, t, false);
+    const rank_t r = static_cast<rank_t>(rng() % static_cast<std::uint64_t>(S * 8));
+    const plan v = pl.make_rank(t, r);
+    CHECK(v.stage_weight == p.stage_weight);
+    CHECK(v.stage_perm == p.stage_perm);
+  }
 }

@@ -45,10 +45,10 @@ server_matrix sample_servers(int S, std::uint64_t seed) {
 
 TEST_CASE("registry.names.are_one_fixed_list") {
   const std::vector<std::string_view> want{"birkhoff", "bottleneck", "quantized", "spread-out",
-                                           "direct",   "best",       "slack"};
+                                           "direct",   "best",       "slack",     "factorized"};
   CHECK(std::vector<std::string_view>(decomposer_names().begin(), decomposer_names().end()) == want);
-  CHECK(decomposer_names_text() == "birkhoff, bottleneck, quantized, spread-out, direct, best, slack");
-  CHECK(decomposer_names_text(" | ") == "birkhoff | bottleneck | quantized | spread-out | direct | best | slack");
+  CHECK(decomposer_names_text() == "birkhoff, bottleneck, quantized, spread-out, direct, best, slack, factorized");
+  CHECK(decomposer_names_text(" | ") == "birkhoff | bottleneck | quantized | spread-out | direct | best | slack | factorized");
   for (std::string_view n : want) CHECK(is_decomposer_name(n));
   // Names are exact: no other spelling, and not the type's own name for best ("best-of").
   for (std::string_view n : {"", "Birkhoff", "best-of", "spread_out", "fast", "birkhoff "}) {
@@ -80,6 +80,7 @@ TEST_CASE("registry.every_name_dispatches_to_its_type") {
   CHECK(is("direct", std::type_identity<direct_decomposer>{}));
   CHECK(is("best", std::type_identity<best_decomposer>{}));
   CHECK(is("slack", std::type_identity<slack_decomposer>{}));
+  CHECK(is("factorized", std::type_identity<factorized_decomposer>{}));
   // f may return nothing.
   int calls = 0;
   with_decomposer("direct", {}, [&](auto) { ++calls; });
@@ -112,7 +113,8 @@ TEST_CASE("registry.params_reach_the_decomposers") {
       // best weighs its members with alpha and the bandwidth: its reason (every member's stage
       // count and modelled time) and its choice are those of a best_decomposer made directly.
       best_decomposer direct_best(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{}, slack_decomposer{},
-                                  quantized_decomposer(p.scaleout, rule), spread_out_decomposer{});
+                                  quantized_decomposer(p.scaleout, rule), spread_out_decomposer{},
+                                  factorized_decomposer{});
       stage_list best_want;
       direct_best.decompose(m, best_want);
       with_decomposer("best", p, [&](auto dec) {
@@ -135,7 +137,7 @@ TEST_CASE("registry.unknown_name_is_an_error_listing_the_names") {
   const auto f = [&](auto) { ++calls; };
   CHECK_THROWS_WITH_AS(with_decomposer("greedy", {}, f),
                        "unknown decomposer 'greedy' (the decomposers are birkhoff, bottleneck, quantized, "
-                       "spread-out, direct, best, slack)",
+                       "spread-out, direct, best, slack, factorized)",
                        error);
   CHECK_THROWS_WITH_AS(with_decomposer("Birkhoff", {}, f), doctest::Contains("unknown decomposer 'Birkhoff'"), error);
   CHECK_THROWS_WITH_AS(with_decomposer("", {}, f), doctest::Contains("unknown decomposer ''"), error);

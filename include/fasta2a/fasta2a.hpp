@@ -8,6 +8,7 @@
 #include "fasta2a/coupled_progress.hpp"
 #include "fasta2a/decompose.hpp"
 #include "fasta2a/engine.hpp"
+#include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/json.hpp"
 #include "fasta2a/json_writer.hpp"

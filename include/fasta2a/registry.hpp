@@ -13,6 +13,7 @@
 
 #include "fasta2a/common.hpp"
 #include "fasta2a/decompose.hpp"
+#include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
 
 namespace fasta2a {
@@ -29,21 +30,22 @@ struct decomposer_params {
   quantum_rule quantum = quantum_rule::formula;
 };
 
-/// The decomposer named "best": whichever of birkhoff, bottleneck, slack, quantized and spread-out
-/// the scale-out model predicts fastest for each matrix (best_of_decomposer).
+/// The decomposer named "best": whichever of birkhoff, bottleneck, slack, quantized, spread-out and
+/// factorized the scale-out model predicts fastest for each matrix (best_of_decomposer).
 using best_decomposer = best_of_decomposer<birkhoff_decomposer, bottleneck_decomposer, slack_decomposer,
-                                           quantized_decomposer, spread_out_decomposer>;
+                                           quantized_decomposer, spread_out_decomposer, factorized_decomposer>;
 
 /// Every decomposer with_decomposer can make, in the order of decomposer_names(): a runtime can
 /// build a std::variant of its planners or engines over these types.
 using registered_decomposers = std::tuple<birkhoff_decomposer, bottleneck_decomposer, quantized_decomposer,
-                                          spread_out_decomposer, direct_decomposer, best_decomposer, slack_decomposer>;
+                                          spread_out_decomposer, direct_decomposer, best_decomposer, slack_decomposer,
+                                          factorized_decomposer>;
 
 namespace detail {
 
-inline constexpr std::array<std::string_view, 7> decomposer_name_table{"birkhoff", "bottleneck", "quantized",
+inline constexpr std::array<std::string_view, 8> decomposer_name_table{"birkhoff", "bottleneck", "quantized",
                                                                        "spread-out", "direct",   "best",
-                                                                       "slack"};
+                                                                       "slack",      "factorized"};
 static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decomposers>,
               "every registered decomposer has one name, and every name one decomposer");
 
@@ -52,7 +54,9 @@ static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decom
 /// The names with_decomposer accepts, in a fixed order: "birkhoff" (exact, the paper's
 /// decomposition), "bottleneck" (exact, fewer stages), "quantized" (weights in multiples of a
 /// quantum: bounded padding, far fewer stages), "spread-out" and "direct" (the baselines), "best",
-/// "slack" (exact, padding decided stage by stage: the fewest stages of the exact ones).
+/// "slack" (exact, padding decided stage by stage: the fewest stages of the exact ones),
+/// "factorized" (the fewest stages of any schedule, each pair served in one stage, pairs of
+/// similar size sharing a stage).
 /// The i-th name makes the i-th type of registered_decomposers.
 inline std::span<const std::string_view> decomposer_names() noexcept { return detail::decomposer_name_table; }
 
@@ -92,12 +96,14 @@ decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p
   if (name == "birkhoff") return std::forward<F>(f)(birkhoff_decomposer{});
   if (name == "bottleneck") return std::forward<F>(f)(bottleneck_decomposer{});
   if (name == "slack") return std::forward<F>(f)(slack_decomposer{});
+  if (name == "factorized") return std::forward<F>(f)(factorized_decomposer{});
   if (name == "spread-out") return std::forward<F>(f)(spread_out_decomposer{});
   if (name == "direct") return std::forward<F>(f)(direct_decomposer{});
   const auto quantized = [&] { return quantized_decomposer(p.scaleout, p.quantum); };
   if (name == "quantized") return std::forward<F>(f)(quantized());
   return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{},
-                                            slack_decomposer{}, quantized(), spread_out_decomposer{}));
+                                            slack_decomposer{}, quantized(), spread_out_decomposer{},
+                                            factorized_decomposer{}));
 }
 
 } // namespace fasta2a

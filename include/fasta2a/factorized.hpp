@@ -1,0 +1,382 @@
+// fasta2a: a decomposer with the fewest stages any schedule can have, each pair served whole.
+//
+// Where every server pair carries traffic, no schedule has fewer than S - 1 stages (a stage serves
+// at most one peer of each server), so at a large alpha per stage the scale-out time is bounded by
+// LB_alpha = L / b_out + (S - 1) alpha. The exact decomposers reach L but with many more stages;
+// spread-out has S - 1 stages but weights set by fixed cyclic shifts. factorized_decomposer also
+// has D stages (D: the most non-zeros in one row or column of M, S - 1 for a full matrix) but
+// chooses which pairs share a stage so that the sum of the stages' largest entries is small: the
+// weight of a stage is its largest entry, so pairs of similar size should share stages.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fasta2a/common.hpp"
+#include "fasta2a/decompose.hpp"
+
+namespace fasta2a {
+
+/// A proper edge colouring of M's non-zeros with D colours (a stage per colour), chosen so that
+/// the sum of the stages' largest entries is small.
+///
+/// 1. Greedy, largest entries first: each entry goes to the first (heaviest) open stage in which
+///    both its servers are free, so the large entries gather in the first stages. Where no open
+///    stage is free at both ends, either a new stage is opened (its weight becomes this entry) or
+///    an alternating path of two open stages a, b (a free at the sender, b at the receiver) is
+///    swapped so that a becomes free at both (a Kempe swap, as in the proof of Koenig's edge
+///    colouring theorem): whichever raises the sum of weights less (a swap may move an entry into
+///    a lighter stage). Koenig's theorem guarantees D colours suffice: when all D stages are open
+///    a swap always exists.
+/// 2. Local search: for each stage, heaviest first, its largest entry is moved to another stage b
+///    by swapping the alternating cycle of the two stages through it, where that lowers the sum
+///    of the two stages' weights most; repeated until no move helps or a work budget is spent
+///    (about local_search_work steps of cycle walking per call).
+///
+/// Promises: each stage a partial permutation (-1: idle); every pair (s, d) with M(s, d) > 0 is
+/// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); at most D
+/// stages, heaviest first; the same matrix gives the same stages (no randomness; ties broken by
+/// index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
+/// over k of the largest k-th entry of any line). Cost: a sort of the S^2 entries, O(S) per
+/// entry placed (bit rows of free stages), plus the swaps and the capped local search; measured
+/// in bench_stages --lb-alpha. Scratch (about 40 bytes per server pair) is reused across calls.
+class factorized_decomposer {
+public:
+  static constexpr const char* name = "factorized";
+  static constexpr bool staged = true;
+  static constexpr bool exact = false;
+  /// The entries to sort (16 bytes), the stage of each pair in both directions (8), the stages'
+  /// sorted entries (16) (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = 40;
+  /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
+  /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
+  /// where it is not (2^18 at S = 512). Measured: 10-20 ns a step.
+  static constexpr std::size_t local_search_work = std::size_t{1} << 27;
+
+  void decompose(const server_matrix& m, stage_list& out) {
+    n_ = static_cast<int>(m.rows());
+    out.reset(n_);
+    if (n_ == 0) return;
+    m_ = &m;
+    colour(m);
+    if (k_ == 0) return;
+    improve();
+    emit(out);
+  }
+
+private:
+  static constexpr int none = -1;
+
+  bytes_t val(int s, int d) const noexcept { return (*m_)(s, d); }
+  int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(s) * k_ + c]; }
+  int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(d) * k_ + c]; }
+  std::uint64_t* row_free(int s) noexcept { return &row_free_[static_cast<std::size_t>(s) * words_]; }
+  std::uint64_t* col_free(int d) noexcept { return &col_free_[static_cast<std::size_t>(d) * words_]; }
+  static void set_bit(std::uint64_t* w, int c, bool on) noexcept {
+    const std::uint64_t bit = std::uint64_t{1} << (c % 64);
+    if (on) w[c / 64] |= bit;
+    else w[c / 64] &= ~bit;
+  }
+  static bool bit(const std::uint64_t* w, int c) noexcept { return (w[c / 64] >> (c % 64)) & 1; }
+
+  void put(int s, int d, int c) {
+    rc(s, c) = d;
+    cc(d, c) = s;
+    set_bit(row_free(s), c, false);
+    set_bit(col_free(d), c, false);
+    w_[c] = std::max(w_[c], val(s, d));
+  }
+  void take(int s, int d, int c) {
+    rc(s, c) = none;
+    cc(d, c) = none;
+    set_bit(row_free(s), c, true);
+    set_bit(col_free(d), c, true);
+  }
+
+  // Phase 1: the greedy colouring with Kempe swaps.
+  void colour(const server_matrix& m) {
+    k_ = 0;
+    std::vector<int>& deg = queue_; // scratch: column degrees
+    deg.assign(n_, 0);
+    entries_.clear();
+    for (int s = 0; s < n_; ++s) {
+      int row = 0;
+      for (int d = 0; d < n_; ++d)
+        if (const bytes_t v = m(s, d); v > 0 && s != d) {
+          entries_.push_back({v, s * n_ + d});
+          ++row;
+          ++deg[d];
+        }
+      k_ = std::max(k_, row);
+    }
+    for (int d = 0; d < n_; ++d) k_ = std::max(k_, deg[d]);
+    if (k_ == 0) return;
+    std::sort(entries_.begin(), entries_.end(), [](const entry& x, const entry& y) {
+      return x.value != y.value ? x.value > y.value : x.pair < y.pair;
+    });
+    const std::size_t n = static_cast<std::size_t>(n_);
+    words_ = (static_cast<std::size_t>(k_) + 63) / 64;
+    rc_.assign(n * k_, none);
+    cc_.assign(n * k_, none);
+    row_free_.assign(n * words_, 0);
+    col_free_.assign(n * words_, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      for (int c = 0; c < k_; ++c) {
+        set_bit(row_free(static_cast<int>(i)), c, true);
+        set_bit(col_free(static_cast<int>(i)), c, true);
+      }
+    w_.assign(k_, 0);
+    open_ = 0;
+    for (const entry& e : entries_) place(e.pair / n_, e.pair % n_, e.value);
+  }
+
+  void place(int s, int d, bytes_t v) {
+    const std::uint64_t* fs = row_free(s);
+    const std::uint64_t* fd = col_free(d);
+    // The first open stage free at both ends: no cost (every open stage weighs at least v).
+    for (std::size_t wd = 0; wd < words_; ++wd)
+      if (std::uint64_t both = fs[wd] & fd[wd]; both != 0) {
+        const int c = static_cast<int>(wd * 64) + __builtin_ctzll(both);
+        if (c >= open_) break;
+        put(s, d, c);
+        return;
+      }
+    // Otherwise a Kempe swap of two open stages, or a new stage (cost v), whichever costs less.
+    bytes_t best = open_ < k_ ? v : ~bytes_t{0};
+    int best_a = none, best_b = none;
+    int tried = 0;
+    // Candidates a (free at s) and b (free at d) among the open stages, walked by set bits.
+    for (std::size_t wa = 0; wa < words_ && best > 0 && tried < max_swap_trials; ++wa)
+      for (std::uint64_t ma = fs[wa]; ma != 0 && best > 0 && tried < max_swap_trials; ma &= ma - 1) {
+        const int a = static_cast<int>(wa * 64) + __builtin_ctzll(ma);
+        if (a >= open_) break;
+        for (std::size_t wb = 0; wb < words_ && best > 0 && tried < max_swap_trials; ++wb)
+          for (std::uint64_t mb = fd[wb]; mb != 0; mb &= mb - 1) {
+            const int b = static_cast<int>(wb * 64) + __builtin_ctzll(mb);
+            if (b >= open_) break;
+            if (b == a) continue;
+            const bytes_t c = swap_cost(d, a, b);
+            if (c < best) {
+              best = c;
+              best_a = a;
+              best_b = b;
+              if (c == 0) break;
+            }
+            if (++tried >= max_swap_trials) break;
+          }
+      }
+    if (best_a == none) {
+      put(s, d, open_++);
+      return;
+    }
+    swap_path(d, best_a, best_b);
+    put(s, d, best_a);
+  }
+
+  // How much the weights of a and b rise if the path from column d (a-edge, b-edge, ...) swaps.
+  bytes_t swap_cost(int d, int a, int b) {
+    bytes_t into_a = 0, into_b = 0;
+    for (int col = d;;) {
+      const int r = cc(col, a);
+      if (r == none) break;
+      into_b = std::max(into_b, val(r, col));
+      const int c2 = rc(r, b);
+      if (c2 == none) break;
+      into_a = std::max(into_a, val(r, c2));
+      col = c2;
+    }
+    return (into_a > w_[a] ? into_a - w_[a] : 0) + (into_b > w_[b] ? into_b - w_[b] : 0);
+  }
+
+  // Swaps the path from column d: afterwards stage a is free at d. The path cannot reach the
+  // sender s (it is free in a and the path alternates), so s stays free in a.
+  void swap_path(int d, int a, int b) {
+    path_.clear();
+    for (int col = d;;) {
+      const int r = cc(col, a);
+      if (r == none) break;
+      path_.push_back({r, col, a});
+      const int c2 = rc(r, b);
+      if (c2 == none) break;
+      path_.push_back({r, c2, b});
+      col = c2;
+    }
+    for (const hop& h : path_) take(h.s, h.d, h.c);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+  }
+
+  // Phase 2: local search over alternating cycles.
+  void improve() {
+    const std::size_t budget = local_search_work / static_cast<std::size_t>(n_);
+    std::size_t work = 0;
+    // Stage weights are recomputed from the colouring (a swap in phase 1 may have left a stage
+    // lighter than its recorded weight).
+    sorted_.resize(static_cast<std::size_t>(n_) * k_);
+    for (int c = 0; c < k_; ++c) sort_stage(c);
+    stamp_.assign(n_, 0);
+    epoch_ = 0;
+    order_.resize(k_);
+    while (work < budget) {
+      for (int c = 0; c < k_; ++c) order_[c] = c;
+      std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return w_[x] > w_[y]; });
+      bool moved = false;
+      for (int a : order_) {
+        if (w_[a] == 0) continue;
+        const int s = stage_sorted(a)[0].row; // the stage's largest entry
+        long long best_gain = 0;
+        int best_b = none;
+        for (int b = 0; b < k_ && work < budget; ++b) {
+          if (b == a) continue;
+          const long long g = cycle_gain(s, a, b, work);
+          if (g > best_gain) {
+            best_gain = g;
+            best_b = b;
+          }
+        }
+        if (best_b != none) {
+          cycle_gain(s, a, best_b, work); // marks the cycle's rows again
+          swap_cycle(a, best_b);
+          sort_stage(a);
+          sort_stage(best_b);
+          moved = true;
+        }
+        if (work >= budget) break;
+      }
+      if (!moved) break;
+    }
+  }
+
+  struct ranked {
+    bytes_t value;
+    int row;
+  };
+  std::span<ranked> stage_sorted(int c) noexcept {
+    return {sorted_.data() + static_cast<std::size_t>(c) * n_, static_cast<std::size_t>(n_)};
+  }
+  void sort_stage(int c) {
+    std::span<ranked> st = stage_sorted(c);
+    bytes_t wmax = 0;
+    for (int s = 0; s < n_; ++s) {
+      const int d = rc(s, c);
+      st[s] = {d == none ? 0 : val(s, d), s};
+      wmax = std::max(wmax, st[s].value);
+    }
+    std::sort(st.begin(), st.end(), [](const ranked& x, const ranked& y) {
+      return x.value != y.value ? x.value > y.value : x.row < y.row;
+    });
+    w_[c] = wmax;
+  }
+
+  // The drop in w_a + w_b if the component of stages {a, b} through row s's a-edge swaps its
+  // colours; 0 or less where it would not help (the walk stops early once it cannot). Leaves the
+  // component's rows in cyc_ and stamped with epoch_.
+  long long cycle_gain(int s, int a, int b, std::size_t& work) {
+    ++epoch_;
+    cyc_.clear();
+    const bytes_t wa = w_[a];
+    bytes_t into_a = 0, into_b = 0;
+    // Forward: s -a-> d -b-> r -a-> ...; then backward from s along b if it was a path.
+    bool closed = false;
+    for (int r = s;;) {
+      ++work;
+      cyc_.push_back(r);
+      stamp_[r] = epoch_;
+      const int d = rc(r, a);
+      if (d == none) break;
+      into_b = std::max(into_b, val(r, d));
+      const int next = cc(d, b);
+      if (next == none) break;
+      const int nd = rc(next, b);
+      const bytes_t moved = val(next, nd);
+      if (moved >= wa) return 0; // stage a would not get lighter
+      into_a = std::max(into_a, moved);
+      if (next == s) {
+        closed = true;
+        break;
+      }
+      r = next;
+    }
+    if (!closed) {
+      for (int r = s;;) {
+        ++work;
+        const int d = rc(r, b);
+        if (d == none) break;
+        const bytes_t moved = val(r, d);
+        if (moved >= wa) return 0;
+        into_a = std::max(into_a, moved);
+        const int next = cc(d, a);
+        if (next == none) break;
+        into_b = std::max(into_b, val(next, rc(next, a)));
+        cyc_.push_back(next);
+        stamp_[next] = epoch_;
+        r = next;
+      }
+    }
+    // What stays behind: each stage's largest entry outside the component.
+    bytes_t rest_a = 0, rest_b = 0;
+    for (const ranked& x : stage_sorted(a))
+      if (stamp_[x.row] != epoch_) {
+        rest_a = x.value;
+        break;
+      }
+    for (const ranked& x : stage_sorted(b))
+      if (stamp_[x.row] != epoch_) {
+        rest_b = x.value;
+        break;
+      }
+    const bytes_t na = std::max(rest_a, into_a), nb = std::max(rest_b, into_b);
+    return static_cast<long long>(wa + w_[b]) - static_cast<long long>(na + nb);
+  }
+
+  // Swaps stages a and b on the rows of cyc_ (a component of the two stages).
+  void swap_cycle(int a, int b) {
+    path_.clear();
+    for (int r : cyc_) {
+      if (const int d = rc(r, a); d != none) path_.push_back({r, d, a});
+      if (const int d = rc(r, b); d != none) path_.push_back({r, d, b});
+    }
+    for (const hop& h : path_) take(h.s, h.d, h.c);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+  }
+
+  void emit(stage_list& out) {
+    for (int c = 0; c < k_; ++c) order_[c] = c;
+    std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return w_[x] > w_[y]; });
+    perm_.resize(n_);
+    for (int c : order_) {
+      if (w_[c] == 0) continue;
+      for (int s = 0; s < n_; ++s) perm_[s] = rc(s, c);
+      out.add(w_[c], perm_);
+    }
+  }
+
+  struct entry {
+    bytes_t value;
+    int pair;
+  };
+  struct hop {
+    int s, d, c;
+  };
+  // Kempe swaps compared per placement at most (the first zero-cost one ends the search).
+  static constexpr int max_swap_trials = 16;
+
+  const server_matrix* m_ = nullptr;
+  int n_ = 0, k_ = 0, open_ = 0;
+  std::size_t words_ = 0;
+  std::uint32_t epoch_ = 0;
+  std::vector<entry> entries_;
+  std::vector<int> rc_, cc_, queue_, cyc_, order_;
+  std::vector<std::uint64_t> row_free_, col_free_;
+  std::vector<bytes_t> w_;
+  std::vector<hop> path_;
+  std::vector<ranked> sorted_;
+  std::vector<std::uint32_t> stamp_;
+  std::vector<std::int32_t> perm_;
+};
+
+static_assert(Decomposer<factorized_decomposer>);
+
+} // namespace fasta2a
