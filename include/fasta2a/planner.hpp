@@ -42,8 +42,11 @@ struct plan_options {
 /// to the rails in order of their diagonal entry, largest first, ties to the lower rail: diag[k *
 /// stride] is what GPU k sends GPU k of the other server, which rides rail k with no scale-up hop.
 /// Returns the largest capacity.
+/// SG, when not 0, is G known at compile time (it must equal gpus).
+template <int SG = 0>
 inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes_t* diag, std::size_t stride,
                                bytes_t* cap) noexcept {
+  if constexpr (SG > 0) gpus = SG;
   // G x granule past 64 bits is more than any v: every rail gets no whole granule then (the
   // product must not wrap, or a unit of 0 would divide by zero).
   bytes_t unit = 0;
@@ -56,12 +59,14 @@ inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes
   // before it in the order, past 64 rails.
   const bytes_t whole = rem / granule, part = rem % granule;
   if (gpus <= 64) {
+    bytes_t d[64];
+    for (int j = 0; j < gpus; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride];
     std::uint64_t taken = 0;
     for (bytes_t i = 0; i <= whole && i < static_cast<bytes_t>(gpus); ++i) {
       int best = -1;
       bytes_t top = 0;
       for (int j = 0; j < gpus; ++j) {
-        const bytes_t dj = diag[static_cast<std::size_t>(j) * stride];
+        const bytes_t dj = d[j];
         const bool better = !((taken >> j) & 1) && (best < 0 || dj > top);
         best = better ? j : best;
         top = better ? dj : top;
@@ -292,7 +297,7 @@ private:
         // Extra granules go to the rails with the most traffic that needs no scale-up hop.
         const bool kept = !view || s == home || d == home;
         bytes_t* cap = kept ? caps_.data() + pair_slot(p, S, G, s, d) * G : other_caps_.data();
-        m_(s, d) = rail_capacities(v, G, opt_.granule, blk, ld + 1, cap);
+        m_(s, d) = rail_capacities<static_gpus_v<Topo>>(v, G, opt_.granule, blk, ld + 1, cap);
         if (view && D::staged) // staging_layout::build's two passes, summed in one
           for (int k = 0; k < G; ++k) {
             bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
@@ -464,6 +469,7 @@ private:
       bfs_.resize(G);
     }
     if (y_.size() < GG) y_.resize(GG);
+    static_cast<void>(GG);
     const std::size_t ld = static_cast<std::size_t>(t.outerStride());
     const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
     auto B = [&](int a, int b) { return blk[a * ld + b]; };
@@ -472,58 +478,74 @@ private:
     std::copy_n(caps_.data() + slot * G, G, cap_.data());
 
     // 1. A byte from GPU k to GPU k stays on rail k: no scale-up hop at all.
-    for (int k = 0; k < G; ++k) res_[k] = cap_[k] - std::min(B(k, k), cap_[k]);
+    bytes_t* __restrict res = res_.data();
+    bytes_t* __restrict y = y_.data();
+    for (int k = 0; k < G; ++k) res[k] = cap_[k] - std::min(B(k, k), cap_[k]);
     // 2. A byte from GPU u to GPU v != u costs one hop on rail u or rail v, two elsewhere.
     //    Maximise the bytes placed on one of their own two rails: a max flow from the pair
     //    {u, v} to rails u and v, started greedily and finished with augmenting paths.
-    std::fill(y_.begin(), y_.begin() + GG, 0);
-    const std::size_t W = words();
-    if (nz_.size() < static_cast<std::size_t>(G) * W) {
-      nz_.resize(static_cast<std::size_t>(G) * W);
-      room_.resize(W);
-      seen_.resize(W);
-    }
-    std::fill_n(nz_.begin(), static_cast<std::size_t>(G) * W, 0);
-    std::fill_n(room_.begin(), W, 0);
-    for (int k = 0; k < G; ++k)
-      if (res_[k] > 0) set_bit(room_, 0, k);
     //    A rail whose pairs' bytes all fit in it (its row and column of the block, the
     //    diagonal aside, at most its capacity left) can take every pair it is in: some max flow
     //    puts each such pair wholly there (moving a pair's bytes onto it never takes room another
     //    pair could use). So those pairs are placed at once (on the sender's rail when both rails
-    //    can take them), and the flow is searched only among the rails that cannot.
+    //    can take them), and the flow is searched only among the rails that cannot: the
+    //    augmenting search never reaches a rail that fits (no pair's bytes can move onto it from
+    //    a rail that does not), so its bit sets are kept for the others only.
+    bool all_fit = true;
     for (int k = 0; k < G; ++k) {
       bytes_t v = 0;
-      for (int o = 0; o < G; ++o) v += o == k ? 0 : B(k, o) + B(o, k);
-      fits_[k] = v <= res_[k];
+      for (int o = 0; o < G; ++o) v += B(k, o) + B(o, k);
+      fits_[k] = v - 2 * B(k, k) <= res[k];
+      all_fit &= fits_[k] != 0;
     }
-    for (int u = 0; u < G; ++u)
-      for (int w = u + 1; w < G; ++w) {
-        bytes_t uw = B(u, w), wu = B(w, u);
-        if (fits_[u] && fits_[w]) {
-          place(u, w, uw, G);
-          place(w, u, wu, G);
-          continue;
+    if (all_fit) { // every pair on its sender's rail
+      for (int u = 0; u < G; ++u) {
+        bytes_t out = 0;
+        for (int w = 0; w < G; ++w) {
+          y[u * G + w] = B(u, w);
+          out += w == u ? 0 : B(u, w);
         }
-        if (fits_[u] || fits_[w]) {
-          if (fits_[u]) place(u, w, uw + wu, G);
-          else place(w, u, uw + wu, G);
-          continue;
-        }
-        bytes_t x = std::min(uw, res_[u]);
-        place(u, w, x, G);
-        uw -= x;
-        x = std::min(wu, res_[w]);
-        place(w, u, x, G);
-        wu -= x;
-        x = std::min(uw + wu, res_[w]); // what is left of u -> w may use w's rail
-        place(w, u, x, G);
-        bytes_t left = uw + wu - x;
-        x = std::min(left, res_[u]);
-        place(u, w, x, G);
-        left -= x;
-        if (left > 0) augment(u, w, left, G);
+        res[u] -= out;
       }
+    } else {
+      const std::size_t W = words();
+      if (nz_.size() < static_cast<std::size_t>(G) * W) {
+        nz_.resize(static_cast<std::size_t>(G) * W);
+        room_.resize(W);
+        seen_.resize(W);
+      }
+      std::fill_n(nz_.begin(), static_cast<std::size_t>(G) * W, 0);
+      std::fill_n(room_.begin(), W, 0);
+      for (int k = 0; k < G; ++k)
+        if (res[k] > 0) set_bit(room_, 0, k);
+      for (int u = 0; u < G; ++u)
+        for (int w = u + 1; w < G; ++w) {
+          bytes_t uw = B(u, w), wu = B(w, u);
+          if (fits_[u] || fits_[w]) {
+            const bool both = fits_[u] && fits_[w];
+            const bytes_t on_u = both ? uw : fits_[u] ? uw + wu : 0;
+            y[u * G + w] = on_u;
+            y[w * G + u] = uw + wu - on_u;
+            res[u] -= on_u;
+            res[w] -= uw + wu - on_u;
+            continue;
+          }
+          y[u * G + w] = y[w * G + u] = 0;
+          bytes_t x = std::min(uw, res[u]);
+          place(u, w, x, G);
+          uw -= x;
+          x = std::min(wu, res[w]);
+          place(w, u, x, G);
+          wu -= x;
+          x = std::min(uw + wu, res[w]); // what is left of u -> w may use w's rail
+          place(w, u, x, G);
+          bytes_t left = uw + wu - x;
+          x = std::min(left, res[u]);
+          place(u, w, x, G);
+          left -= x;
+          if (left > 0) augment(u, w, left, G);
+        }
+    }
 
     // Pieces, message by message; each rail's position advances through the pair's stages.
     pair_cursor c;
