@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/planner.hpp"
 
@@ -39,14 +40,17 @@ traffic_matrix megatron_tiled(int servers, std::size_t first) {
 
 // What a benchmark plans: the whole plan (every rank's part) or one rank's part, which is what
 // each rank computes per call; with exact Birkhoff (the paper) or the default quantised
-// decomposer (closed-form quantum, alpha 10 us), or the slack decomposer (exact, fewest stages).
+// decomposer (closed-form quantum, alpha 10 us), the slack decomposer (exact, fewest exact stages)
+// or the factorized one (S - 1 stages, each pair in one: the nearest to LB_alpha on dense traffic).
 enum mode : int {
   whole_birkhoff = 0,
   rank_birkhoff = 1,
   whole_quantized = 2,
   rank_quantized = 3,
   whole_slack = 4,
-  rank_slack = 5
+  rank_slack = 5,
+  whole_factorized = 6,
+  rank_factorized = 7
 };
 
 template <class D>
@@ -83,14 +87,17 @@ void run_with(benchmark::State& state, const std::vector<traffic_matrix>& inputs
 void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int servers, bytes_t granule) {
   const auto m = static_cast<mode>(state.range(1));
   static const char* labels[] = {"whole plan, birkhoff",  "rank's part, birkhoff", "whole plan, quantized",
-                                 "rank's part, quantized", "whole plan, slack",     "rank's part, slack"};
+                                 "rank's part, quantized", "whole plan, slack",     "rank's part, slack",
+                                 "whole plan, factorized", "rank's part, factorized"};
   state.SetLabel(labels[m]);
   if (m == whole_birkhoff || m == rank_birkhoff)
     run_with<birkhoff_decomposer>(state, inputs, servers, granule, m == rank_birkhoff);
   else if (m == whole_quantized || m == rank_quantized)
     run_with<quantized_decomposer>(state, inputs, servers, granule, m == rank_quantized);
-  else
+  else if (m == whole_slack || m == rank_slack)
     run_with<slack_decomposer>(state, inputs, servers, granule, m == rank_slack);
+  else
+    run_with<factorized_decomposer>(state, inputs, servers, granule, m == rank_factorized);
 }
 
 void BM_synthesis_megatron(benchmark::State& state) {
@@ -145,12 +152,12 @@ void BM_decompose_birkhoff(benchmark::State& state) {
 void scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
   for (int servers : {4, 8, 40})
-    for (int m = 0; m < 6; ++m) b->Args({servers, m});
+    for (int m = 0; m < 8; ++m) b->Args({servers, m});
 }
 void big_scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->Iterations(2)->Repetitions(3)->ReportAggregatesOnly(true);
   for (int servers : {128, 512})
-    for (int m = 0; m < 6; ++m) b->Args({servers, m});
+    for (int m = 0; m < 8; ++m) b->Args({servers, m});
 }
 
 } // namespace
