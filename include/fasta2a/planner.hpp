@@ -333,6 +333,7 @@ private:
   // The sum of a G x G block, setting `overflow` if it passes 64 bits. The high and low 32 bits of
   // the entries are summed apart, which cannot wrap for fewer than 2^32 entries and vectorises.
   static bytes_t block_sum(const bytes_t* blk, std::size_t ld, int G, bool& overflow) noexcept {
+    if constexpr (static_gpus_v<Topo> > 0) G = static_gpus_v<Topo>;
     if (static_cast<std::uint64_t>(G) * static_cast<std::uint64_t>(G) >= (std::uint64_t{1} << 32)) {
       bytes_t v = 0;
       for (int a = 0; a < G; ++a)
@@ -570,9 +571,30 @@ private:
     int spill = 0;
     for (int a = 0; a < G; ++a)
       for (int b = 0; b < G; ++b) {
+        const bytes_t v = B(a, b);
+        // Rail a's bytes of message a -> b, and rail b's. Pair {a, b} holds y(a, b) bytes on
+        // rail a and y(b, a) on rail b, for both directions: a -> b takes rail a first (the
+        // sender's own NIC), and b -> a (which prefers rail b) gets the rest. The diagonal rides
+        // its own rail up to its capacity.
+        bytes_t mine_a, mine_b = 0;
+        if (a == b) {
+          mine_a = std::min(v, cap_[a]);
+        } else {
+          const bytes_t on_a = y[a * G + b], on_b = y[b * G + a];
+          mine_a = std::min(v, on_a);
+          mine_b = std::min(v - mine_a, on_b - std::min(B(b, a), on_b));
+        }
+        bytes_t left = v - mine_a - mine_b;
+        // A view skips, advancing the two rails only, a message that is neither its own nor on
+        // its rail: most of them.
+        if (view >= 0 && a != my_rail && b != my_rail && left == 0) {
+          railpos[a] += mine_a;
+          railpos[b] += mine_b;
+          continue;
+        }
         const rank_t src = s * G + a, dst = d * G + b;
         const bool mine = view < 0 || view == src || view == dst;
-        bytes_t off = 0, left = B(a, b);
+        bytes_t off = 0;
         auto chunk = [&](int k, bytes_t bytes) FASTA2A_INLINE {
           if (mine || k == my_rail) emit(p, c, src, dst, k, bytes, off, mine);
           else {
@@ -581,22 +603,8 @@ private:
           }
         };
         open_message(p, src, dst);
-        if (a == b) {
-          const bytes_t x = std::min(left, cap_[a]);
-          chunk(a, x);
-          left -= x;
-        } else {
-          // Pair {a, b} holds y(a, b) bytes on rail a and y(b, a) on rail b, for both
-          // directions: a -> b takes rail a first (the sender's own NIC), and b -> a gets the rest.
-          const bytes_t on_a = y_[a * G + b], on_b = y_[b * G + a];
-          const bytes_t back = B(b, a); // the reverse message, which prefers rail b
-          const bytes_t mine_a = std::min(left, on_a);
-          const bytes_t rev_b = std::min(back, on_b);
-          const bytes_t mine_b = std::min(left - mine_a, on_b - rev_b);
-          chunk(a, mine_a);
-          chunk(b, mine_b);
-          left -= mine_a + mine_b;
-        }
+        chunk(a, mine_a);
+        if (a != b) chunk(b, mine_b);
         while (left > 0) {
           while (spill < G && res_[spill] == 0) ++spill;
           if (spill == G) pair_overflow(s, d);
