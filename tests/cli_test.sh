@@ -7,6 +7,8 @@
 #   trace      the Megatron trace plans; --json, --report and --svg files exist and parse
 #   generator  every generator, both topology kinds and every decomposer plan; report figures agree
 #   errors     every kind of bad input exits 2 with "fasta2a: error: " and a word naming the problem
+#   rank       `plan --rank R`: a rank's part only, checked against the whole plan where small, on
+#              its own where large; its report; a rank out of range and whole-plan outputs refused
 #   robust     issue 12's reproductions (defects 6, 7, 8): each ends with exit 2 naming the real
 #              problem, quickly and within bounded memory; needs no trace
 # Exit 0 on success; a missing trace fails, or exits 77 (ctest's SKIP_RETURN_CODE) with
@@ -337,8 +339,81 @@ robust)
   fi
   ;;
 
+rank)
+  rank_keys='{"index","ranks","servers","gpus","rank","bytes","stages","pieces","ops","staging_bytes","staging_bytes_max","lower_bound_s","lower_bound_alpha_s","predicted_scaleout_s","synthesis_rank_us","decomposer","choice","checked"}'
+  # check_rank_report FILE RANK CHECKED [WHOLE]: one line with the --rank keys, for rank RANK,
+  # checked as CHECKED; with WHOLE (a report of the same input without --rank), the same stages,
+  # bytes, bounds and largest staging buffer, and a scale-out time no more than the whole prediction.
+  check_rank_report() {
+    py "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 1, f'{len(rows)} report lines, want 1'
+r = rows[0]
+assert set(r) == $rank_keys, f'keys {sorted(r)}'
+assert r['rank'] == int(sys.argv[2]) and r['checked'] == sys.argv[3], r
+assert r['pieces'] > 0 and r['ops'] >= r['pieces'] and r['synthesis_rank_us'] > 0, r
+assert 0 <= r['staging_bytes'] <= r['staging_bytes_max'], r
+assert r['lower_bound_alpha_s'] >= r['lower_bound_s'] > 0, r
+if r['decomposer'] != 'direct':
+    assert r['predicted_scaleout_s'] >= r['lower_bound_alpha_s'] * (1 - 1e-9), r
+if len(sys.argv) > 4:
+    w = json.loads(open(sys.argv[4]).readline())
+    for k in ('ranks', 'servers', 'gpus', 'bytes', 'stages', 'lower_bound_s', 'lower_bound_alpha_s', 'decomposer', 'choice'):
+        assert r[k] == w[k], (k, r[k], w[k])
+    assert r['staging_bytes_max'] == w['staging_bytes'], (r, w)
+    assert r['predicted_scaleout_s'] <= w['predicted_s'] * (1 + 1e-9), (r, w)
+" "$@"
+  }
+  # Small: the part is compared with the whole plan, for several ranks, decomposers and both
+  # topology kinds (8 GPUs: compile-time sized; 3: runtime sized, mesh).
+  for d in slack quantized birkhoff spread-out direct; do
+    for r in 0 13 31; do
+      expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1M --granule 4K --decomposer "$d" \
+        --rank "$r" --repeat 1 --report "$work/r.jsonl" || continue
+      grep -q "rank $r's part checked, and equal to the whole plan's part for that rank" "$work/out" ||
+        fail "--rank $r ($d): the part was not compared with the whole plan: $(cat "$work/out")"
+      expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1M --granule 4K --decomposer "$d" \
+        --repeat 1 --report "$work/w.jsonl" && check_rank_report "$work/r.jsonl" "$r" "whole plan" "$work/w.jsonl"
+    done
+  done
+  for r in 0 7 14; do
+    expect_ok plan --servers 5 --gpus 3 --hotspot 2 --bytes-per-rank 768K --scaleup mesh --decomposer best \
+      --adaptive --rank "$r" --repeat 1 --report "$work/m.jsonl" && check_rank_report "$work/m.jsonl" "$r" "whole plan"
+  done
+  # Every matrix of a trace, rank 5's part of each (where the trace is there).
+  if [ -f "$megatron" ]; then
+    if expect_ok plan --servers 4 --gpus 8 --matrix "$megatron" --unit 8192 --all --repeat 1 --rank 5 \
+        --decomposer slack --report "$work/all.jsonl"; then
+      [ "$(grep -Ec '^ +[0-9]+ +32 +4x8 +5 ' "$work/out")" -eq 600 ] || fail "--all --rank 5 did not print 600 rows"
+      [ "$(grep -c 'equal to the whole plan' "$work/out")" -eq 600 ] || fail "--all --rank 5: not every part compared"
+      grep -Eq "^# summary over 600 matrices \(medians\): synthesis [0-9.]+ us rank 5's part" "$work/out" ||
+        fail "--all --rank 5 printed no summary line"
+    fi
+  fi
+  # Past 256 ranks the whole plan is not built: the part is checked on its own.
+  if expect_ok plan --servers 64 --gpus 8 --zipf 1.0 --granule 8192 --decomposer slack --rank 300 --repeat 1 \
+      --report "$work/big.jsonl"; then
+    grep -q "rank 300's part checked on its own" "$work/out" || fail "64 x 8 --rank 300: $(cat "$work/out")"
+    check_rank_report "$work/big.jsonl" 300 "own messages"
+  fi
+  # Below 256 ranks but past --max-plan-bytes for the whole plan: on its own too.
+  expect_ok plan --servers 16 --gpus 8 --uniform --bytes-per-rank 64K --rank 3 --repeat 1 --max-plan-bytes 300K &&
+    { grep -q "rank 3's part checked on its own" "$work/out" || fail "16 x 8 under 300K: $(cat "$work/out")"; }
+  # Errors: ranks out of range, outputs of the whole plan, run.
+  expect_error 'not a rank of 4 servers x 8 GPUs (ranks 0 to 31)' plan --servers 4 --gpus 8 --uniform --rank 32
+  expect_error 'not a rank of 2 servers x 3 GPUs' plan --servers 2 --gpus 3 --uniform --rank 1000000
+  expect_error 'negative' plan --servers 4 --gpus 8 --uniform --rank -1
+  expect_error 'non-negative integer' plan --servers 4 --gpus 8 --uniform --rank x
+  expect_error 'too large' plan --servers 4 --gpus 8 --uniform --rank 99999999999
+  expect_error '--json needs the whole plan' plan --servers 4 --gpus 8 --uniform --rank 1 --json "$work/x.json"
+  expect_error '--svg needs the whole plan' plan --servers 4 --gpus 8 --uniform --rank 1 --svg "$work/x.svg"
+  expect_error 'does not apply to fasta2a run' run --servers 4 --gpus 8 --uniform --rank 1
+  expect_error 'rank 3.s part' plan --servers 64 --gpus 8 --uniform --rank 3 --max-plan-bytes 1M
+  ;;
+
 *)
-  echo "unknown mode '$mode' (trace, generator, errors or robust)" >&2
+  echo "unknown mode '$mode' (trace, generator, errors, rank or robust)" >&2
   exit 2
   ;;
 esac

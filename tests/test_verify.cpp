@@ -265,3 +265,76 @@ TEST_CASE("verify.every_check_fires_with_its_own_message") {
   });
   CHECK(checked == 34);
 }
+
+TEST_CASE("verify.rank_views_pass_verify_rank_view") {
+  // Every rank's view of plans of several decomposers, topologies and granules passes; a whole
+  // plan is not a view.
+  std::mt19937_64 rng(515);
+  for (int iter = 0; iter < 40; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 6), G = 1 + static_cast<int>(rng() % 4);
+    const bytes_t granule = 1 + rng() % 4096;
+    const auto t = zipf_traffic(S * G, 0.5 + static_cast<double>(rng() % 100) / 100, 1 << 16, rng(), granule);
+    const two_tier_topology topo(S, G);
+    CAPTURE(iter);
+    auto all_views = [&](auto pl, bool exact) {
+      plan v;
+      for (rank_t r = 0; r < S * G; ++r) {
+        pl.make_rank_into(t, r, v);
+        const verify_result res = verify_rank_view(v, t, {.exact_lower_bound = exact});
+        INFO("rank ", r, ": ", res.error);
+        CHECK(res.ok);
+      }
+    };
+    all_views(planner<two_tier_topology>(topo, {.granule = granule}), true);
+    all_views(planner<two_tier_topology, spread_out_decomposer>(topo, {.granule = granule}), false);
+    all_views(planner<two_tier_topology, direct_decomposer>(topo), false);
+  }
+  const auto t = zipf_traffic(32, 1.0, 1 << 16, 5);
+  CHECK_FALSE(verify_rank_view(make_plan(h200_cluster(4), t), t).ok);
+}
+
+TEST_CASE("verify.rank_view_catches_broken_views") {
+  const auto t = zipf_traffic(32, 1.0, 1 << 16, 5);
+  const rank_t R = 9;
+  const plan good = planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, R);
+  REQUIRE(verify_rank_view(good, t, {.exact_lower_bound = true}).ok);
+  auto broken = [&](auto&& edit, const char* what) {
+    plan p = good;
+    edit(p);
+    const verify_result r = verify_rank_view(p, t, {.exact_lower_bound = true});
+    INFO(std::string(what), " <- ", r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find(what) != std::string::npos);
+  };
+  auto first = [&](auto&& pred) {
+    const auto it = std::find_if(good.pieces.begin(), good.pieces.end(), pred);
+    REQUIRE(it != good.pieces.end());
+    return static_cast<std::size_t>(it - good.pieces.begin());
+  };
+  // A piece R sends over a rail, with more than one byte; one R only carries; a split message of R's.
+  const std::size_t sent = first([&](const piece& p) { return p.src == R && p.rail >= 0 && p.bytes > 1; });
+  const std::size_t carried = first([&](const piece& p) { return p.src != R && p.dst != R; });
+  std::size_t split = 0;
+  while (split + 1 < good.pieces.size() &&
+         !(good.pieces[split].src == R && good.pieces[split + 1].src == R &&
+           good.pieces[split].dst == good.pieces[split + 1].dst))
+    ++split;
+  REQUIRE(split + 1 < good.pieces.size());
+  broken([&](plan& p) { p.pieces[sent].bytes -= 1; }, "the matrix says");
+  broken([&](plan& p) { p.pieces[split].bytes -= 1; }, "gap");
+  broken([&](plan& p) { p.pieces.erase(p.pieces.begin() + static_cast<std::ptrdiff_t>(sent)); }, "");
+  broken([&](plan& p) { std::swap(p.pieces[split], p.pieces[split + 1]); }, "gap");
+  broken([&](plan& p) { p.pieces[carried].rail = (p.pieces[carried].rail + 1) % 8; }, "not rank 9's");
+  broken([&](plan& p) { p.pieces[sent].stage = (p.pieces[sent].stage + 1) % static_cast<int>(p.stages()); },
+         "in which server");
+  broken([&](plan& p) { p.stage_weight.back() += 1 << 20; }, "above the lower bound");
+  broken([&](plan& p) { p.total_bytes += 1; }, "the matrix");
+  broken([&](plan& p) { p.staging_bytes[R] = 0; }, "staging");
+  broken([&](plan& p) { p.op_list.pop_back(); p.op_offsets.back() -= 1; }, "missing ops");
+  broken([&](plan& p) { p.view = 32; }, "32 ranks");
+  // A piece moved into another message that R sends (a message begun twice).
+  broken([&](plan& p) {
+    const std::size_t other = first([&](const piece& q) { return q.src == R && q.dst != good.pieces[split].dst; });
+    p.pieces.insert(p.pieces.begin() + static_cast<std::ptrdiff_t>(other) + 1, p.pieces[split]);
+  }, "");
+}

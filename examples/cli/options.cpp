@@ -46,6 +46,9 @@ Planning:
   --alpha US              model cost of one stage's synchronisation, microseconds (default 10)
   --max-plan-bytes B      refuse to build a plan larger than B bytes (default 2GiB)
   --repeat N              synthesis time = median of N plannings of one matrix (default 5)
+  --rank R                plan only rank R's part (what rank R computes per call), never the whole
+                          plan nor the baselines: memory is the matrix plus one rank's part, so
+                          thousands of GPUs plan within the default --max-plan-bytes. See below
 Input, exactly one of:
   --matrix FILE           trace of whitespace-separated counts, (S*G) x (S*G) per matrix
       --index K           plan matrix K of the trace, from 0 (default 0)
@@ -68,6 +71,21 @@ Output files (the plan and timeline of the first planned matrix):
                           synthesis_us (whole plan), synthesis_rank_us (rank 0's part),
                           decomposer and choice (the schedule used and why, with best/--adaptive)
   --svg FILE              the model's timeline, FAST above direct sending
+
+With --rank R (R from 0 to S*G - 1), one row per matrix of rank R's part: its stages, pieces
+(those R sends, receives or carries on its rail) and ops, R's staging buffer and the largest of
+any rank's, LB, LB+alpha, and the scale-out part of the FAST prediction (the stages' alpha +
+weight / NIC bandwidth; for direct sending the busiest NIC's bytes): the whole prediction, the
+baselines and the scale-up bytes need every rank's part and are left out. Every part is checked
+on its own: R's messages, sent and received, tiled exactly by their pieces, R's rail within the
+stage weights, its staging slots and ops (fasta2a::verify_rank_view); at up to 256 ranks, where
+the whole plan fits --max-plan-bytes, the whole plan is also built and the part must equal its
+pieces and ops for R. --json and --svg need the whole plan and are refused with --rank.
+  --report FILE           with --rank, one JSON object per line and matrix: index, ranks, servers,
+                          gpus, rank, bytes (the whole matrix), stages, pieces, ops, staging_bytes
+                          (rank R's), staging_bytes_max (the largest of any rank), lower_bound_s,
+                          lower_bound_alpha_s, predicted_scaleout_s, synthesis_rank_us,
+                          decomposer, choice, checked ("whole plan" or "own messages")
 
 Sizes take the suffixes K, M, G (or KiB, MiB, GiB): powers of 1024. Options take their value as
 the next argument or after '=' (--servers=4).
@@ -221,7 +239,7 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     const bool run_only =
         flag == "--transport" || flag == "--iters" || flag == "--compare-mpi" || flag == "--rail-window" ||
         flag == "--timeout" || flag == "--dump-program" || flag == "--bootstrap" || flag == "--fi-provider";
-    const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat";
+    const bool plan_only = flag == "--json" || flag == "--svg" || flag == "--repeat" || flag == "--rank";
     if ((run_only && !run) || (plan_only && run))
       throw fa::error("option " + std::string(flag) + " does not apply to " + command + " (see " + command +
                       " --help)");
@@ -251,6 +269,8 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       o.max_plan_bytes =
           static_cast<std::size_t>(std::min<bytes_t>(b, std::numeric_limits<std::size_t>::max()));
     } else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
+    else if (flag == "--rank")
+      o.rank = static_cast<rank_t>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<rank_t>::max())));
     else if (flag == "--matrix") {
       set_input(input_kind::matrix, flag);
       o.matrix_path = std::string(value());
@@ -338,6 +358,10 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
                     " applies to the generators only, not to --matrix");
   if (have_share && o.input != input_kind::hotspot) throw fa::error("--hot-share applies to --hotspot only");
   if (o.all && have_index) throw fa::error("--all and --index cannot be combined: --all plans every matrix");
+  // A rank's part is not a plan document nor a timeline: both are drawn from the whole plan.
+  if (o.rank >= 0 && (!o.json_path.empty() || !o.svg_path.empty()))
+    throw fa::error(std::string(o.json_path.empty() ? "--svg" : "--json") +
+                    " needs the whole plan, which --rank does not build (drop --rank, or write --report)");
   o.links.scaleout_alpha = o.alpha_s; // the topology's scale-out model (fasta2a::scaleout_of) carries --alpha
   return o;
 }

@@ -47,6 +47,9 @@ struct options {
   double alpha_s = 10e-6; // --alpha is given in microseconds; parse_options converts it, once
   std::size_t max_plan_bytes = fa::plan_options{}.max_plan_bytes;
   unsigned repeat = 5;
+  /// --rank R: plan only rank R's part (planner::make_rank_into), never the whole plan nor the
+  /// baselines; -1: the whole plan. Checked against the ranks in plan_command, which knows S x G.
+  rank_t rank = -1;
 
   input_kind input = input_kind::none;
   std::string input_flag; // as given, for messages

@@ -87,4 +87,45 @@ void write_report_line(std::ostream& os, const row& r) {
   os << line << '\n';
 }
 
+void print_rank_header(std::ostream& os) {
+  os << strf("%5s %5s %5s %5s %11s %6s %9s %9s %11s %11s %9s %9s %9s %9s\n", "index", "ranks", "SxG", "rank", "bytes",
+             "stages", "pieces", "ops", "staging", "staging", "LB", "LB+alpha", "scale-out", "synth")
+     << strf("%5s %5s %5s %5s %11s %6s %9s %9s %11s %11s %9s %9s %9s %9s\n", "", "", "", "", "MiB", "", "of rank",
+             "of rank", "MiB rank", "MiB max/rk", "ms model", "ms model", "ms model", "us rank");
+}
+
+void print_rank_row(std::ostream& os, const rank_row& r) {
+  const std::string shape = std::to_string(r.servers) + "x" + std::to_string(r.gpus);
+  os << strf("%5zu %5d %5s %5d %11.2f %6zu %9zu %9zu %11.2f %11.2f %9.4f %9.4f %9.4f %9.1f\n", r.index, r.ranks,
+             shape.c_str(), r.rank, static_cast<double>(r.bytes) / mib, r.stages, r.pieces, r.ops,
+             static_cast<double>(r.staging) / mib, static_cast<double>(r.staging_max) / mib, r.lower_bound_s * 1e3,
+             r.lower_bound_alpha_s * 1e3, r.scaleout_s * 1e3, r.synthesis_rank_us);
+}
+
+void write_rank_report_line(std::ostream& os, const rank_row& r) {
+  std::string line;
+  fa::json_writer(line)
+      .begin_object()
+      .field("index", r.index)
+      .field("ranks", r.ranks)
+      .field("servers", r.servers)
+      .field("gpus", r.gpus)
+      .field("rank", r.rank)
+      .field("bytes", r.bytes)
+      .field("stages", r.stages)
+      .field("pieces", r.pieces)
+      .field("ops", r.ops)
+      .field("staging_bytes", r.staging)
+      .field("staging_bytes_max", r.staging_max)
+      .field("lower_bound_s", r.lower_bound_s)
+      .field("lower_bound_alpha_s", r.lower_bound_alpha_s)
+      .field("predicted_scaleout_s", r.scaleout_s)
+      .field("synthesis_rank_us", r.synthesis_rank_us)
+      .field("decomposer", r.decomposer)
+      .field("choice", r.choice)
+      .field("checked", r.checked)
+      .end_object();
+  os << line << '\n';
+}
+
 } // namespace cli

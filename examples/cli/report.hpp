@@ -59,4 +59,28 @@ void print_row(std::ostream& os, const row& r);
 /// plan_usage), then a newline.
 void write_report_line(std::ostream& os, const row& r);
 
+/// What one matrix's row of `fasta2a plan --rank R` holds: rank R's part only, no whole plan and
+/// no baselines (figures that need every rank's scale-up loads are left out).
+struct rank_row {
+  std::size_t index = 0;
+  rank_t ranks = 0, rank = 0;
+  int servers = 0, gpus = 0;
+  bytes_t bytes = 0;           // the whole matrix's
+  std::size_t stages = 0, pieces = 0, ops = 0;
+  bytes_t staging = 0;         // rank R's staging buffer
+  bytes_t staging_max = 0;     // the largest of any rank (a view knows every rank's size)
+  double lower_bound_s = 0, lower_bound_alpha_s = 0, scaleout_s = 0, synthesis_rank_us = 0;
+  std::string decomposer, choice;
+  std::string checked; // "whole plan" or "own messages": how the view was checked
+};
+
+/// The two header lines of the `fasta2a plan --rank R` table.
+void print_rank_header(std::ostream& os);
+
+/// One row of the `fasta2a plan --rank R` table.
+void print_rank_row(std::ostream& os, const rank_row& r);
+
+/// One line of `fasta2a plan --rank R --report`: a JSON object (keys documented in plan_usage).
+void write_rank_report_line(std::ostream& os, const rank_row& r);
+
 } // namespace cli

@@ -259,4 +259,214 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
   return res;
 }
 
+/// Checks rank r's view of a plan (planner::make_rank: p.view == r) against traffic matrix t
+/// without the whole plan and without trusting the planner, as far as one rank's part allows:
+/// - the shape fits, and the stages are partial permutations with positive weights;
+/// - every piece is r's: r sends it, receives it, or carries it on its rail (rail sender or
+///   receiver); every hop is legal for its kind, and a piece's rail hop goes where its stage's
+///   permutation sends its server;
+/// - r's own messages, sent and received, are tiled exactly by their pieces: each message's pieces
+///   are contiguous in the list, their offsets run from 0 without gap or overlap, and their bytes
+///   sum to the matrix entry (no pieces where the entry is 0);
+/// - per stage, what r's rail sends and receives is at most the stage weight;
+/// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
+/// - r's staging regions lie inside r's staging size and never overlap, and the slots its pieces
+///   take in other ranks' buffers lie inside those buffers;
+/// - the plan's total is the matrix's;
+/// - r's op index lists every op r makes for every piece exactly once, at the right stage.
+/// What only the other ranks' parts show (their messages, other rails' loads, phase 1's balance
+/// across rails, the scale-up byte count) is verify's, on the whole plan. O(ranks^2) time for the
+/// matrix sums, O(servers + ranks + pieces) memory.
+inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
+  verify_result res;
+  auto fail = [&](std::string msg) {
+    if (res.ok) {
+      res.ok = false;
+      res.error = std::move(msg);
+    }
+    return res;
+  };
+  using std::to_string;
+  const int S = p.servers, G = p.gpus_per_server;
+  if (S < 1 || G < 1) return fail("plan has no servers or no GPUs");
+  const rank_t n = S * G;
+  const rank_t r = p.view;
+  if (r < 0) return fail("verify_rank_view checks a rank's view (planner::make_rank); this is a whole plan");
+  if (r >= n) return fail("the view is of rank " + to_string(r) + ", the plan has " + to_string(n) + " ranks");
+  if (t.rows() != n || t.cols() != n)
+    return fail("matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " +
+                to_string(n) + " ranks");
+  const std::size_t T = p.stages();
+  if (p.stage_perm.size() != T * S) return fail("stage permutations do not match stage count");
+  if (!p.staged && T != 0) return fail("an unstaged plan has stages");
+  if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
+
+  std::vector<int> seen(S);
+  for (std::size_t st = 0; st < T; ++st) {
+    if (p.stage_weight[st] == 0) return fail("stage " + to_string(st) + " has weight 0");
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int s = 0; s < S; ++s) {
+      const int d = p.perm(st)[s];
+      if (d == -1) continue;
+      if (d < 0 || d >= S || d == s)
+        return fail("stage " + to_string(st) + " sends server " + to_string(s) + " to " + to_string(d));
+      if (seen[d]++) return fail("server " + to_string(d) + " receives from two servers in stage " + to_string(st));
+    }
+  }
+
+  // Pieces: r's, legal; r's messages tiled; r's rail within the stage weights; staging slots.
+  std::vector<bytes_t> sent(n, 0), received(n, 0);           // next offset of r -> x and x -> r
+  std::vector<unsigned char> sent_open(n, 0), received_open(n, 0); // 1: begun, 2: closed
+  std::vector<bytes_t> rail_out(T, 0), rail_in(T, 0);
+  struct region {
+    bytes_t begin, end;
+  };
+  std::vector<region> mine;
+  const int home = r / G, my_rail = r % G;
+  for (std::size_t i = 0; i < p.pieces.size(); ++i) {
+    const piece& pc = p.pieces[i];
+    const std::string where = "piece " + to_string(i) + " (" + to_string(pc.src) + "->" + to_string(pc.dst) +
+                              ", offset " + to_string(pc.offset) + ")";
+    if (pc.src < 0 || pc.src >= n || pc.dst < 0 || pc.dst >= n) return fail(where + " names a rank out of range");
+    if (pc.bytes == 0) return fail(where + " is empty");
+    if (pc.offset + pc.bytes < pc.offset) return fail(where + " overflows");
+    const int s = pc.src / G, d = pc.dst / G;
+    const bool on_rail = pc.rail >= 0;
+    const bool carries = on_rail && pc.rail == my_rail && (s == home || d == home);
+    if (pc.src != r && pc.dst != r && !carries)
+      return fail(where + " is not rank " + to_string(r) + "'s: it neither sends, receives nor carries it");
+    if (pc.src == pc.dst || s == d || !p.staged) {
+      if (pc.rail != -1) return fail(where + " rides a rail but needs none");
+      if (pc.stage != 0) return fail(where + " has a stage but needs none");
+    } else {
+      if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
+      if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
+        return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
+      if (p.perm(pc.stage)[s] != d)
+        return fail(where + " rides stage " + to_string(pc.stage) + ", in which server " + to_string(s) +
+                    " sends to " + to_string(p.perm(pc.stage)[s]));
+      const rank_t a = p.rail_source(pc), b = p.rail_target(pc);
+      if ((a == pc.src) != (pc.stage_out == no_staging))
+        return fail(where + " has a staging slot at its rail sender iff it needs a balance hop: violated");
+      if ((b == pc.dst) != (pc.stage_in == no_staging))
+        return fail(where + " has a staging slot at its rail receiver iff it needs a redistribute hop: violated");
+      const std::size_t st = static_cast<std::size_t>(pc.stage);
+      if (a == r) rail_out[st] += pc.bytes;
+      if (b == r) rail_in[st] += pc.bytes;
+      if (pc.stage_out != no_staging) {
+        if (pc.stage_out + pc.bytes > p.staging_bytes[a] || pc.stage_out + pc.bytes < pc.stage_out)
+          return fail(where + ": its staging slot at rank " + to_string(a) + " ends past that rank's staging size " +
+                      to_string(p.staging_bytes[a]));
+        if (a == r) mine.push_back({pc.stage_out, pc.stage_out + pc.bytes});
+      }
+      if (pc.stage_in != no_staging) {
+        if (pc.stage_in + pc.bytes > p.staging_bytes[b] || pc.stage_in + pc.bytes < pc.stage_in)
+          return fail(where + ": its staging slot at rank " + to_string(b) + " ends past that rank's staging size " +
+                      to_string(p.staging_bytes[b]));
+        if (b == r) mine.push_back({pc.stage_in, pc.stage_in + pc.bytes});
+      }
+    }
+    // r's messages: contiguous in the list, offsets from 0 without gap or overlap.
+    const bool continues = i > 0 && p.pieces[i - 1].src == pc.src && p.pieces[i - 1].dst == pc.dst;
+    const auto tile = [&](std::vector<bytes_t>& next, std::vector<unsigned char>& open, rank_t peer) {
+      if (!continues) {
+        if (open[peer]) return false;
+        open[peer] = 1;
+      }
+      if (pc.offset != next[peer]) return false;
+      next[peer] = pc.offset + pc.bytes;
+      return true;
+    };
+    if (pc.src == r && !tile(sent, sent_open, pc.dst))
+      return fail(where + " leaves a gap, overlaps, or is apart from the rest of its message: expected offset " +
+                  to_string(sent[pc.dst]));
+    if (pc.dst == r && !tile(received, received_open, pc.src))
+      return fail(where + " leaves a gap, overlaps, or is apart from the rest of its message: expected offset " +
+                  to_string(received[pc.src]));
+  }
+  for (rank_t x = 0; x < n; ++x) {
+    if (sent[x] != t(r, x))
+      return fail("message " + to_string(r) + "->" + to_string(x) + " has " + to_string(sent[x]) +
+                  " bytes in pieces, the matrix says " + to_string(t(r, x)));
+    if (received[x] != t(x, r))
+      return fail("message " + to_string(x) + "->" + to_string(r) + " has " + to_string(received[x]) +
+                  " bytes in pieces, the matrix says " + to_string(t(x, r)));
+  }
+  for (std::size_t st = 0; st < T; ++st)
+    if (rail_out[st] > p.stage_weight[st] || rail_in[st] > p.stage_weight[st])
+      return fail("stage " + to_string(st) + ": rank " + to_string(r) + "'s rail carries " +
+                  to_string(std::max(rail_out[st], rail_in[st])) + " bytes, weight is " +
+                  to_string(p.stage_weight[st]));
+  std::sort(mine.begin(), mine.end(), [](const region& x, const region& y) { return x.begin < y.begin; });
+  for (std::size_t i = 1; i < mine.size(); ++i)
+    if (mine[i - 1].end > mine[i].begin)
+      return fail("rank " + to_string(r) + ": staging regions overlap at " + to_string(mine[i].begin));
+
+  // The total, and the stage weights against the scale-out lower bound, from the matrix alone.
+  {
+    std::vector<bytes_t> out(S, 0), in(S, 0);
+    bytes_t total = 0;
+    bool overflow = false;
+    for (rank_t i = 0; i < n; ++i)
+      for (rank_t j = 0; j < n; ++j) {
+        overflow |= __builtin_add_overflow(total, t(i, j), &total);
+        if (i / G != j / G) {
+          out[i / G] += t(i, j);
+          in[j / G] += t(i, j);
+        }
+      }
+    if (overflow) return fail("the matrix's total overflows 64 bits");
+    if (total != p.total_bytes)
+      return fail("the plan says it moves " + to_string(p.total_bytes) + " bytes, the matrix " + to_string(total));
+    if (p.staged && S > 1) {
+      bytes_t busiest = 0;
+      for (int s = 0; s < S; ++s) busiest = std::max({busiest, out[s], in[s]});
+      const bytes_t bound = (busiest + G - 1) / G;
+      const bytes_t sum = p.total_weight();
+      if (sum < bound)
+        return fail("stage weights sum to " + to_string(sum) + ", below the lower bound " + to_string(bound) +
+                    " per rail");
+      bytes_t slack = 0, limit = 0;
+      const bool unbounded = __builtin_mul_overflow(static_cast<bytes_t>(S), p.granule, &slack) ||
+                             __builtin_add_overflow(bound, slack, &limit);
+      if (opt.exact_lower_bound && !unbounded && sum > limit)
+        return fail("stage weights sum to " + to_string(sum) + ", above the lower bound " + to_string(bound) +
+                    " plus rounding " + to_string(slack));
+    }
+  }
+
+  // r's op index: every op r makes for every piece, once, at the right stage.
+  const std::size_t slots = p.op_stages();
+  if (p.op_offsets.size() != slots + 1 || p.op_offsets.back() != p.op_list.size())
+    return fail("op index has the wrong size for one rank's view");
+  for (std::size_t k = 1; k < p.op_offsets.size(); ++k)
+    if (p.op_offsets[k] < p.op_offsets[k - 1]) return fail("op index offsets decrease at slot " + to_string(k));
+  std::vector<std::uint16_t> marks(p.pieces.size(), 0);
+  for (std::size_t st = 0; st < slots; ++st)
+    for (const rank_op& op : p.ops(r, st)) {
+      if (op.piece >= p.pieces.size()) return fail("op index names a piece that does not exist");
+      const piece& pc = p.pieces[op.piece];
+      const std::uint16_t bit = static_cast<std::uint16_t>(1u << static_cast<unsigned>(op.kind));
+      if (marks[op.piece] & bit)
+        return fail("piece " + to_string(op.piece) + " appears twice in the op index as " +
+                    to_string(static_cast<int>(op.kind)));
+      marks[op.piece] |= bit;
+      bool right = false;
+      detail::for_each_op(p, pc, [&](rank_t rr, std::size_t tt, op_kind kk) {
+        right |= rr == r && tt == st && kk == op.kind;
+      });
+      if (!right)
+        return fail("rank " + to_string(r) + " stage " + to_string(st) + " lists piece " + to_string(op.piece) +
+                    " for an op its route does not make");
+    }
+  for (std::size_t i = 0; i < p.pieces.size(); ++i) {
+    std::uint16_t want = 0;
+    detail::for_each_op(p, p.pieces[i], [&](rank_t rr, std::size_t, op_kind k) {
+      if (rr == r) want |= static_cast<std::uint16_t>(1u << static_cast<unsigned>(k));
+    });
+    if (marks[i] != want) return fail("piece " + to_string(i) + " is missing ops in rank " + to_string(r) + "'s index");
+  }
+  return res;
+}
+
 } // namespace fasta2a
