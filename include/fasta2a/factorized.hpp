@@ -40,17 +40,18 @@ namespace fasta2a {
 /// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); at most D
 /// stages, heaviest first; the same matrix gives the same stages (no randomness; ties broken by
 /// index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
-/// over k of the largest k-th entry of any line). Cost: a sort of the S^2 entries, O(S) per
-/// entry placed (bit rows of free stages), plus the swaps and the capped local search; measured
-/// in bench_stages --lb-alpha. Scratch (about 40 bytes per server pair) is reused across calls.
+/// over k of the largest k-th entry of any line). Cost: a radix sort of the S^2 entries (packed
+/// 64-bit keys: value above pair), O(S / 64) words per entry placed (bit rows of free stages), plus
+/// the swaps and the capped local search; measured in bench_stages --lb-alpha. Scratch (about 44
+/// bytes per server pair) is reused across calls.
 class factorized_decomposer {
 public:
   static constexpr const char* name = "factorized";
   static constexpr bool staged = true;
   static constexpr bool exact = false;
-  /// The entries to sort (16 bytes), the stage of each pair in both directions (8), the stages'
-  /// sorted entries (16) (planner_scratch_bytes).
-  static constexpr std::size_t scratch_bytes_per_server_pair = 40;
+  /// The sort keys and the radix sort's buffer (16 bytes), the stage of each pair in both
+  /// directions (8) and by pair (4), the stages' sorted entries (16) (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = 44;
   /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
   /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
   /// where it is not (2^18 at S = 512). Measured: 10-20 ns a step.
@@ -82,12 +83,13 @@ private:
   }
   static bool bit(const std::uint64_t* w, int c) noexcept { return (w[c / 64] >> (c % 64)) & 1; }
 
-  void put(int s, int d, int c) {
+  void put(int s, int d, int c) { put(s, d, c, val(s, d)); }
+  void put(int s, int d, int c, bytes_t v) {
     rc(s, c) = d;
     cc(d, c) = s;
     set_bit(row_free(s), c, false);
     set_bit(col_free(d), c, false);
-    w_[c] = std::max(w_[c], val(s, d));
+    w_[c] = std::max(w_[c], v);
   }
   void take(int s, int d, int c) {
     rc(s, c) = none;
@@ -101,36 +103,89 @@ private:
     k_ = 0;
     std::vector<int>& deg = queue_; // scratch: column degrees
     deg.assign(n_, 0);
-    entries_.clear();
+    d_bits_ = 0;
+    while ((1 << d_bits_) < n_) ++d_bits_;
+    keys_.resize(static_cast<std::size_t>(n_) * n_);
+    std::size_t nz = 0;
+    bytes_t lo = ~bytes_t{0}, hi = 0;
     for (int s = 0; s < n_; ++s) {
       int row = 0;
+      const std::uint64_t base = static_cast<std::uint64_t>(s) << d_bits_;
       for (int d = 0; d < n_; ++d)
         if (const bytes_t v = m(s, d); v > 0 && s != d) {
-          entries_.push_back({v, s * n_ + d});
+          keys_[nz++] = base | static_cast<std::uint64_t>(d);
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
           ++row;
           ++deg[d];
         }
       k_ = std::max(k_, row);
     }
+    keys_.resize(nz);
     for (int d = 0; d < n_; ++d) k_ = std::max(k_, deg[d]);
     if (k_ == 0) return;
-    std::sort(entries_.begin(), entries_.end(), [](const entry& x, const entry& y) {
-      return x.value != y.value ? x.value > y.value : x.pair < y.pair;
-    });
+    sort_entries(lo, hi);
     const std::size_t n = static_cast<std::size_t>(n_);
     words_ = (static_cast<std::size_t>(k_) + 63) / 64;
     rc_.assign(n * k_, none);
     cc_.assign(n * k_, none);
-    row_free_.assign(n * words_, 0);
-    col_free_.assign(n * words_, 0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (int c = 0; c < k_; ++c) {
-        set_bit(row_free(static_cast<int>(i)), c, true);
-        set_bit(col_free(static_cast<int>(i)), c, true);
-      }
+    row_free_.resize(n * words_);
+    for (std::size_t wd = 0; wd < words_; ++wd) {
+      const int left = k_ - static_cast<int>(wd * 64);
+      row_free_[wd] = left >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << left) - 1;
+    }
+    for (std::size_t i = 1; i < n; ++i)
+      std::copy_n(row_free_.begin(), words_, row_free_.begin() + static_cast<std::ptrdiff_t>(i * words_));
+    col_free_ = row_free_;
     w_.assign(k_, 0);
     open_ = 0;
-    for (const entry& e : entries_) place(e.pair / n_, e.pair % n_, e.value);
+    for (const std::uint64_t key : keys_) place(key_row(key), key_col(key), key_value(key));
+  }
+
+  // A key: the pair (s << d_bits_ | d) in its low pair_bits_ bits, (hi_ - value) above them where
+  // they fit 64 bits together (packed_), else the pair alone.
+  int key_row(std::uint64_t key) const noexcept { return static_cast<int>((key & pair_mask_) >> d_bits_); }
+  int key_col(std::uint64_t key) const noexcept {
+    return static_cast<int>(key & ((std::uint64_t{1} << d_bits_) - 1));
+  }
+  bytes_t key_value(std::uint64_t key) const noexcept {
+    return packed_ ? hi_ - static_cast<bytes_t>(key >> pair_bits_) : val(key_row(key), key_col(key));
+  }
+
+  // Orders keys_ (pairs, ascending) by value, largest first, ties by pair: a stable
+  // least-significant-digit radix sort over the bits of hi - value that vary keeps equal values in
+  // pair order. Where value and pair do not fit 64 bits together, a comparison sort does the same.
+  void sort_entries(bytes_t lo, bytes_t hi) {
+    pair_bits_ = 2 * d_bits_;
+    int value_bits = 0;
+    while (value_bits < 64 && ((hi - lo) >> value_bits) != 0) ++value_bits;
+    hi_ = hi;
+    packed_ = pair_bits_ + value_bits <= 64;
+    pair_mask_ = pair_bits_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << pair_bits_) - 1;
+    if (!packed_) {
+      std::sort(keys_.begin(), keys_.end(), [&](std::uint64_t x, std::uint64_t y) {
+        const bytes_t vx = key_value(x), vy = key_value(y);
+        return vx != vy ? vx > vy : x < y;
+      });
+      return;
+    }
+    for (std::uint64_t& key : keys_)
+      key |= value_bits == 0 ? 0 : static_cast<std::uint64_t>(hi - val(key_row(key), key_col(key))) << pair_bits_;
+    if (keys_.size() < 1024) { // a radix pass's counts cost more than a small sort
+      std::sort(keys_.begin(), keys_.end());
+      return;
+    }
+    constexpr int digit = 11;
+    constexpr std::size_t buckets = std::size_t{1} << digit;
+    tmp_.resize(keys_.size());
+    for (int shift = pair_bits_; shift < pair_bits_ + value_bits; shift += digit) {
+      count_.assign(buckets, 0);
+      for (const std::uint64_t key : keys_) ++count_[(key >> shift) & (buckets - 1)];
+      std::size_t at = 0;
+      for (std::size_t& c : count_) at += std::exchange(c, at);
+      for (const std::uint64_t key : keys_) tmp_[count_[(key >> shift) & (buckets - 1)]++] = key;
+      keys_.swap(tmp_);
+    }
   }
 
   void place(int s, int d, bytes_t v) {
@@ -141,7 +196,7 @@ private:
       if (std::uint64_t both = fs[wd] & fd[wd]; both != 0) {
         const int c = static_cast<int>(wd * 64) + __builtin_ctzll(both);
         if (c >= open_) break;
-        put(s, d, c);
+        put(s, d, c, v);
         return;
       }
     // Otherwise a Kempe swap of two open stages, or a new stage (cost v), whichever costs less.
@@ -158,7 +213,7 @@ private:
             const int b = static_cast<int>(wb * 64) + __builtin_ctzll(mb);
             if (b >= open_) break;
             if (b == a) continue;
-            const bytes_t c = swap_cost(d, a, b);
+            const bytes_t c = swap_cost(d, a, b, best);
             if (c < best) {
               best = c;
               best_a = a;
@@ -169,26 +224,34 @@ private:
           }
       }
     if (best_a == none) {
-      put(s, d, open_++);
+      put(s, d, open_++, v);
       return;
     }
     swap_path(d, best_a, best_b);
-    put(s, d, best_a);
+    put(s, d, best_a, v);
   }
 
-  // How much the weights of a and b rise if the path from column d (a-edge, b-edge, ...) swaps.
-  bytes_t swap_cost(int d, int a, int b) {
-    bytes_t into_a = 0, into_b = 0;
+  // How much the weights of a and b rise if the path from column d (a-edge, b-edge, ...) swaps;
+  // stops once the rise reaches `limit` (a cost not below limit is all the caller needs to know).
+  bytes_t swap_cost(int d, int a, int b, bytes_t limit) {
+    const bytes_t wa = w_[a], wb = w_[b];
+    bytes_t up_a = 0, up_b = 0; // the rises so far
     for (int col = d;;) {
       const int r = cc(col, a);
       if (r == none) break;
-      into_b = std::max(into_b, val(r, col));
+      if (const bytes_t v = val(r, col); v > wb + up_b) {
+        up_b = v - wb;
+        if (up_a + up_b >= limit) break;
+      }
       const int c2 = rc(r, b);
       if (c2 == none) break;
-      into_a = std::max(into_a, val(r, c2));
+      if (const bytes_t v = val(r, c2); v > wa + up_a) {
+        up_a = v - wa;
+        if (up_a + up_b >= limit) break;
+      }
       col = c2;
     }
-    return (into_a > w_[a] ? into_a - w_[a] : 0) + (into_b > w_[b] ? into_b - w_[b] : 0);
+    return up_a + up_b;
   }
 
   // Swaps the path from column d: afterwards stage a is free at d. The path cannot reach the
@@ -214,8 +277,7 @@ private:
     std::size_t work = 0;
     // Stage weights are recomputed from the colouring (a swap in phase 1 may have left a stage
     // lighter than its recorded weight).
-    sorted_.resize(static_cast<std::size_t>(n_) * k_);
-    for (int c = 0; c < k_; ++c) sort_stage(c);
+    rank_stages();
     stamp_.assign(n_, 0);
     epoch_ = 0;
     order_.resize(k_);
@@ -253,21 +315,37 @@ private:
     bytes_t value;
     int row;
   };
+  // Stage c's entries, largest first (ties by row): len_[c] of them.
   std::span<ranked> stage_sorted(int c) noexcept {
-    return {sorted_.data() + static_cast<std::size_t>(c) * n_, static_cast<std::size_t>(n_)};
+    return {sorted_.data() + static_cast<std::size_t>(c) * n_, static_cast<std::size_t>(len_[c])};
+  }
+  // Every stage's entries in order and its weight, from keys_ (already in that order) without a
+  // sort per stage.
+  void rank_stages() {
+    const std::size_t n = static_cast<std::size_t>(n_);
+    sorted_.resize(n * k_);
+    stage_of_.resize(n * n);
+    len_.assign(k_, 0);
+    for (int s = 0; s < n_; ++s)
+      for (int c = 0; c < k_; ++c)
+        if (const int d = rc(s, c); d != none) stage_of_[static_cast<std::size_t>(s) * n + d] = c;
+    for (const std::uint64_t key : keys_) {
+      const int s = key_row(key);
+      const int c = stage_of_[static_cast<std::size_t>(s) * n + key_col(key)];
+      sorted_[static_cast<std::size_t>(c) * n + len_[c]++] = {key_value(key), s};
+    }
+    for (int c = 0; c < k_; ++c) w_[c] = len_[c] > 0 ? sorted_[static_cast<std::size_t>(c) * n].value : 0;
   }
   void sort_stage(int c) {
-    std::span<ranked> st = stage_sorted(c);
-    bytes_t wmax = 0;
-    for (int s = 0; s < n_; ++s) {
-      const int d = rc(s, c);
-      st[s] = {d == none ? 0 : val(s, d), s};
-      wmax = std::max(wmax, st[s].value);
-    }
-    std::sort(st.begin(), st.end(), [](const ranked& x, const ranked& y) {
+    ranked* st = sorted_.data() + static_cast<std::size_t>(c) * n_;
+    int len = 0;
+    for (int s = 0; s < n_; ++s)
+      if (const int d = rc(s, c); d != none) st[len++] = {val(s, d), s};
+    std::sort(st, st + len, [](const ranked& x, const ranked& y) {
       return x.value != y.value ? x.value > y.value : x.row < y.row;
     });
-    w_[c] = wmax;
+    len_[c] = len;
+    w_[c] = len > 0 ? st[0].value : 0;
   }
 
   // The drop in w_a + w_b if the component of stages {a, b} through row s's a-edge swaps its
@@ -353,10 +431,6 @@ private:
     }
   }
 
-  struct entry {
-    bytes_t value;
-    int pair;
-  };
   struct hop {
     int s, d, c;
   };
@@ -367,8 +441,13 @@ private:
   int n_ = 0, k_ = 0, open_ = 0;
   std::size_t words_ = 0;
   std::uint32_t epoch_ = 0;
-  std::vector<entry> entries_;
-  std::vector<int> rc_, cc_, queue_, cyc_, order_;
+  std::uint64_t pair_mask_ = 0;
+  int d_bits_ = 0, pair_bits_ = 0;
+  bytes_t hi_ = 0;
+  bool packed_ = false;
+  std::vector<std::uint64_t> keys_, tmp_;
+  std::vector<std::size_t> count_;
+  std::vector<int> rc_, cc_, queue_, cyc_, order_, stage_of_, len_;
   std::vector<std::uint64_t> row_free_, col_free_;
   std::vector<bytes_t> w_;
   std::vector<hop> path_;
