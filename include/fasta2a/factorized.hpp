@@ -72,8 +72,9 @@ private:
   static constexpr int none = -1;
 
   bytes_t val(int s, int d) const noexcept { return (*m_)(s, d); }
-  int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(s) * k_ + c]; }
-  int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(d) * k_ + c]; }
+  // Stage-major: a walk along two stages' alternating path stays within two rows of each.
+  int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(c) * n_ + s]; }
+  int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(c) * n_ + d]; }
   std::uint64_t* row_free(int s) noexcept { return &row_free_[static_cast<std::size_t>(s) * words_]; }
   std::uint64_t* col_free(int d) noexcept { return &col_free_[static_cast<std::size_t>(d) * words_]; }
   static void set_bit(std::uint64_t* w, int c, bool on) noexcept {
@@ -281,31 +282,43 @@ private:
     stamp_.assign(n_, 0);
     epoch_ = 0;
     order_.resize(k_);
+    // A scan of stage a that found no move stays valid until a or the other stage changes:
+    // changed_[c] is the move count at c's last change, scanned_[a] the move count at a's last
+    // fruitless scan (-1: none), and only pairs with a change since are walked again.
+    changed_.assign(k_, 0);
+    scanned_.assign(k_, -1);
+    long long moves = 0;
     while (work < budget) {
       for (int c = 0; c < k_; ++c) order_[c] = c;
       std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return w_[x] > w_[y]; });
       bool moved = false;
       for (int a : order_) {
         if (w_[a] == 0) continue;
+        const long long since = changed_[a] > scanned_[a] ? -1 : scanned_[a];
         const int s = stage_sorted(a)[0].row; // the stage's largest entry
         long long best_gain = 0;
         int best_b = none;
         for (int b = 0; b < k_ && work < budget; ++b) {
-          if (b == a) continue;
-          const long long g = cycle_gain(s, a, b, work);
+          // The gain is at most w_b (stage b takes a's largest entry): no walk where that is
+          // no better than the best so far, nor where neither stage changed since a fruitless scan.
+          if (b == a || changed_[b] <= since || static_cast<long long>(w_[b]) <= best_gain) continue;
+          const long long g = cycle_gain(s, a, b, work, best_gain);
           if (g > best_gain) {
             best_gain = g;
             best_b = b;
           }
         }
+        if (work >= budget) break;
         if (best_b != none) {
-          cycle_gain(s, a, best_b, work); // marks the cycle's rows again
+          cycle_gain(s, a, best_b, work, -1); // marks the cycle's rows again
           swap_cycle(a, best_b);
           sort_stage(a);
           sort_stage(best_b);
+          changed_[a] = changed_[best_b] = ++moves;
           moved = true;
+        } else {
+          scanned_[a] = moves;
         }
-        if (work >= budget) break;
       }
       if (!moved) break;
     }
@@ -326,8 +339,8 @@ private:
     sorted_.resize(n * k_);
     stage_of_.resize(n * n);
     len_.assign(k_, 0);
-    for (int s = 0; s < n_; ++s)
-      for (int c = 0; c < k_; ++c)
+    for (int c = 0; c < k_; ++c)
+      for (int s = 0; s < n_; ++s)
         if (const int d = rc(s, c); d != none) stage_of_[static_cast<std::size_t>(s) * n + d] = c;
     for (const std::uint64_t key : keys_) {
       const int s = key_row(key);
@@ -351,11 +364,15 @@ private:
   // The drop in w_a + w_b if the component of stages {a, b} through row s's a-edge swaps its
   // colours; 0 or less where it would not help (the walk stops early once it cannot). Leaves the
   // component's rows in cyc_ and stamped with epoch_.
-  long long cycle_gain(int s, int a, int b, std::size_t& work) {
+  long long cycle_gain(int s, int a, int b, std::size_t& work, long long beat) {
     ++epoch_;
     cyc_.clear();
     const bytes_t wa = w_[a];
+    const long long both = static_cast<long long>(wa + w_[b]);
     bytes_t into_a = 0, into_b = 0;
+    // na >= into_a and nb >= into_b, so the gain is at most both - into_a - into_b: the walk
+    // stops once that cannot beat `beat` (the best gain found so far).
+    auto hopeless = [&] { return both - static_cast<long long>(into_a + into_b) <= beat; };
     // Forward: s -a-> d -b-> r -a-> ...; then backward from s along b if it was a path.
     bool closed = false;
     for (int r = s;;) {
@@ -371,6 +388,7 @@ private:
       const bytes_t moved = val(next, nd);
       if (moved >= wa) return 0; // stage a would not get lighter
       into_a = std::max(into_a, moved);
+      if (hopeless()) return 0;
       if (next == s) {
         closed = true;
         break;
@@ -388,6 +406,7 @@ private:
         const int next = cc(d, a);
         if (next == none) break;
         into_b = std::max(into_b, val(next, rc(next, a)));
+        if (hopeless()) return 0;
         cyc_.push_back(next);
         stamp_[next] = epoch_;
         r = next;
@@ -453,6 +472,7 @@ private:
   std::vector<hop> path_;
   std::vector<ranked> sorted_;
   std::vector<std::uint32_t> stamp_;
+  std::vector<long long> changed_, scanned_;
   std::vector<std::int32_t> perm_;
 };
 
