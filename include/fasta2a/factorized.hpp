@@ -42,7 +42,7 @@ namespace fasta2a {
 /// index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
 /// over k of the largest k-th entry of any line). Cost: a radix sort of the S^2 entries (packed
 /// 64-bit keys: value above pair), O(S / 64) words per entry placed (bit rows of free stages), plus
-/// the swaps and the capped local search; measured in bench_stages --lb-alpha. Scratch (about 44
+/// the swaps and the capped local search; measured in bench_stages --lb-alpha. Scratch (about 52
 /// bytes per server pair) is reused across calls.
 class factorized_decomposer {
 public:
@@ -50,8 +50,9 @@ public:
   static constexpr bool staged = true;
   static constexpr bool exact = false;
   /// The sort keys and the radix sort's buffer (16 bytes), the stage of each pair in both
-  /// directions (8) and by pair (4), the stages' sorted entries (16) (planner_scratch_bytes).
-  static constexpr std::size_t scratch_bytes_per_server_pair = 44;
+  /// directions (8) and by pair (4), its value by stage (8), the stages' sorted entries (16)
+  /// (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = 52;
   /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
   /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
   /// where it is not (2^18 at S = 512). Measured: 10-20 ns a step.
@@ -75,6 +76,8 @@ private:
   // Stage-major: a walk along two stages' alternating path stays within two rows of each.
   int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(c) * n_ + s]; }
   int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(c) * n_ + d]; }
+  // The value of row s's entry in stage c (stale where s is idle in c).
+  bytes_t& rv(int s, int c) noexcept { return rv_[static_cast<std::size_t>(c) * n_ + s]; }
   std::uint64_t* row_free(int s) noexcept { return &row_free_[static_cast<std::size_t>(s) * words_]; }
   std::uint64_t* col_free(int d) noexcept { return &col_free_[static_cast<std::size_t>(d) * words_]; }
   static void set_bit(std::uint64_t* w, int c, bool on) noexcept {
@@ -87,6 +90,7 @@ private:
   void put(int s, int d, int c) { put(s, d, c, val(s, d)); }
   void put(int s, int d, int c, bytes_t v) {
     rc(s, c) = d;
+    rv(s, c) = v;
     cc(d, c) = s;
     set_bit(row_free(s), c, false);
     set_bit(col_free(d), c, false);
@@ -130,6 +134,7 @@ private:
     words_ = (static_cast<std::size_t>(k_) + 63) / 64;
     rc_.assign(n * k_, none);
     cc_.assign(n * k_, none);
+    rv_.resize(n * k_);
     row_free_.resize(n * words_);
     for (std::size_t wd = 0; wd < words_; ++wd) {
       const int left = k_ - static_cast<int>(wd * 64);
@@ -240,13 +245,13 @@ private:
     for (int col = d;;) {
       const int r = cc(col, a);
       if (r == none) break;
-      if (const bytes_t v = val(r, col); v > wb + up_b) {
+      if (const bytes_t v = rv(r, a); v > wb + up_b) {
         up_b = v - wb;
         if (up_a + up_b >= limit) break;
       }
       const int c2 = rc(r, b);
       if (c2 == none) break;
-      if (const bytes_t v = val(r, c2); v > wa + up_a) {
+      if (const bytes_t v = rv(r, b); v > wa + up_a) {
         up_a = v - wa;
         if (up_a + up_b >= limit) break;
       }
@@ -353,7 +358,7 @@ private:
     ranked* st = sorted_.data() + static_cast<std::size_t>(c) * n_;
     int len = 0;
     for (int s = 0; s < n_; ++s)
-      if (const int d = rc(s, c); d != none) st[len++] = {val(s, d), s};
+      if (rc(s, c) != none) st[len++] = {rv(s, c), s};
     std::sort(st, st + len, [](const ranked& x, const ranked& y) {
       return x.value != y.value ? x.value > y.value : x.row < y.row;
     });
@@ -381,11 +386,10 @@ private:
       stamp_[r] = epoch_;
       const int d = rc(r, a);
       if (d == none) break;
-      into_b = std::max(into_b, val(r, d));
+      into_b = std::max(into_b, rv(r, a));
       const int next = cc(d, b);
       if (next == none) break;
-      const int nd = rc(next, b);
-      const bytes_t moved = val(next, nd);
+      const bytes_t moved = rv(next, b);
       if (moved >= wa) return 0; // stage a would not get lighter
       into_a = std::max(into_a, moved);
       if (hopeless()) return 0;
@@ -400,12 +404,12 @@ private:
         ++work;
         const int d = rc(r, b);
         if (d == none) break;
-        const bytes_t moved = val(r, d);
+        const bytes_t moved = rv(r, b);
         if (moved >= wa) return 0;
         into_a = std::max(into_a, moved);
         const int next = cc(d, a);
         if (next == none) break;
-        into_b = std::max(into_b, val(next, rc(next, a)));
+        into_b = std::max(into_b, rv(next, a));
         if (hopeless()) return 0;
         cyc_.push_back(next);
         stamp_[next] = epoch_;
@@ -468,7 +472,7 @@ private:
   std::vector<std::size_t> count_;
   std::vector<int> rc_, cc_, queue_, cyc_, order_, stage_of_, len_;
   std::vector<std::uint64_t> row_free_, col_free_;
-  std::vector<bytes_t> w_;
+  std::vector<bytes_t> w_, rv_;
   std::vector<hop> path_;
   std::vector<ranked> sorted_;
   std::vector<std::uint32_t> stamp_;
