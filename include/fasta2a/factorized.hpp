@@ -87,7 +87,6 @@ private:
   }
   static bool bit(const std::uint64_t* w, int c) noexcept { return (w[c / 64] >> (c % 64)) & 1; }
 
-  void put(int s, int d, int c) { put(s, d, c, val(s, d)); }
   void put(int s, int d, int c, bytes_t v) {
     rc(s, c) = d;
     rv(s, c) = v;
@@ -267,14 +266,14 @@ private:
     for (int col = d;;) {
       const int r = cc(col, a);
       if (r == none) break;
-      path_.push_back({r, col, a});
+      path_.push_back({r, col, a, rv(r, a)});
       const int c2 = rc(r, b);
       if (c2 == none) break;
-      path_.push_back({r, c2, b});
+      path_.push_back({r, c2, b, rv(r, b)});
       col = c2;
     }
     for (const hop& h : path_) take(h.s, h.d, h.c);
-    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a, h.v);
   }
 
   // Phase 2: local search over alternating cycles.
@@ -436,11 +435,11 @@ private:
   void swap_cycle(int a, int b) {
     path_.clear();
     for (int r : cyc_) {
-      if (const int d = rc(r, a); d != none) path_.push_back({r, d, a});
-      if (const int d = rc(r, b); d != none) path_.push_back({r, d, b});
+      if (const int d = rc(r, a); d != none) path_.push_back({r, d, a, rv(r, a)});
+      if (const int d = rc(r, b); d != none) path_.push_back({r, d, b, rv(r, b)});
     }
     for (const hop& h : path_) take(h.s, h.d, h.c);
-    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a, h.v);
   }
 
   void emit(stage_list& out) {
@@ -456,6 +455,7 @@ private:
 
   struct hop {
     int s, d, c;
+    bytes_t v;
   };
   // Kempe swaps compared per placement at most (the first zero-cost one ends the search).
   static constexpr int max_swap_trials = 16;
