@@ -31,10 +31,12 @@ namespace fasta2a {
 ///    colouring theorem): whichever raises the sum of weights less (a swap may move an entry into
 ///    a lighter stage). Koenig's theorem guarantees D colours suffice: when all D stages are open
 ///    a swap always exists.
-/// 2. Local search: for each stage, heaviest first, its largest entry is moved to another stage b
-///    by swapping the alternating cycle of the two stages through it, where that lowers the sum
-///    of the two stages' weights most; repeated until no move helps or a work budget is spent
-///    (about local_search_work steps of cycle walking per call).
+/// 2. Local search: for each stage (those whose largest entry stands furthest above their second
+///    first, then the heaviest), its largest entry is moved to another stage b by swapping the
+///    alternating cycle of the two stages through it, where that lowers the sum of the two
+///    stages' weights most; repeated until no move helps or a work budget is spent (about
+///    local_search_work steps of cycle walking per call). Walks that cannot beat the best move
+///    found stop early, and pairs of stages unchanged since a fruitless scan are not walked again.
 ///
 /// Promises: each stage a partial permutation (-1: idle); every pair (s, d) with M(s, d) > 0 is
 /// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); at most D
@@ -294,7 +296,12 @@ private:
     long long moves = 0;
     while (work < budget) {
       for (int c = 0; c < k_; ++c) order_[c] = c;
-      std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return w_[x] > w_[y]; });
+      // Stages whose largest entry stands furthest above their second first (moving that entry
+      // out can gain most), ties heaviest first.
+      auto gap = [&](int c) { return len_[c] > 1 ? w_[c] - stage_sorted(c)[1].value : w_[c]; };
+      std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) {
+        return gap(x) != gap(y) ? gap(x) > gap(y) : w_[x] > w_[y];
+      });
       bool moved = false;
       for (int a : order_) {
         if (w_[a] == 0) continue;
