@@ -5,6 +5,7 @@
 #include "workloads.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <filesystem>
@@ -725,6 +726,30 @@ TEST_CASE("factorized.storage_is_reused_results_are_deterministic_and_the_size_l
     for (int j = 0; j < 8; ++j)
       if (i != j) uneven(i, j) = 1000 + static_cast<bytes_t>(i * 37 + j * 11) % 500;
   CHECK_THROWS_AS(dec.decompose(uneven, small), plan_too_large);
+}
+
+TEST_CASE("factorized.the_radix_and_comparison_sorts_of_entries_agree") {
+  // Entries are ordered by a radix sort of packed (value, pair) keys where both fit 64 bits, and by
+  // a comparison sort where they do not. Every choice the decomposer makes compares values or sums
+  // of value differences, so scaling M by 2^40 (values past 2^50: the comparison sort) must give
+  // the same stages, weights scaled, as M itself (the radix sort, or a sort of packed keys under
+  // 1024 entries). Many ties (values from a small set) test the order among equal values.
+  std::mt19937_64 rng(2024);
+  for (int iter = 0; iter < 40; ++iter) {
+    const int S = std::array{5, 20, 40, 70}[iter % 4];
+    server_matrix m = server_matrix::Zero(S, S);
+    for (int i = 0; i < S; ++i)
+      for (int j = 0; j < S; ++j)
+        if (i != j && rng() % 8 != 0) m(i, j) = iter % 2 ? rng() % (bytes_t{1} << 20) : (rng() % 6 + 1) * 1000;
+    const server_matrix big = m * (bytes_t{1} << 40);
+    CAPTURE(iter);
+    stage_list a, b;
+    factorized_decomposer{}.decompose(m, a);
+    factorized_decomposer{}.decompose(big, b);
+    REQUIRE(a.size() == b.size());
+    CHECK(a.perms == b.perms);
+    for (std::size_t t = 0; t < a.size(); ++t) CHECK(b.weights[t] == a.weights[t] << 40);
+  }
 }
 
 TEST_CASE("factorized.a_matrix_made_of_permutations_of_equal_entries_is_found_exactly") {

@@ -31,26 +31,30 @@ namespace fasta2a {
 ///    colouring theorem): whichever raises the sum of weights less (a swap may move an entry into
 ///    a lighter stage). Koenig's theorem guarantees D colours suffice: when all D stages are open
 ///    a swap always exists.
-/// 2. Local search: for each stage, heaviest first, its largest entry is moved to another stage b
-///    by swapping the alternating cycle of the two stages through it, where that lowers the sum
-///    of the two stages' weights most; repeated until no move helps or a work budget is spent
-///    (about local_search_work steps of cycle walking per call).
+/// 2. Local search: for each stage (those whose largest entry stands furthest above their second
+///    first, then the heaviest), its largest entry is moved to another stage b by swapping the
+///    alternating cycle of the two stages through it, where that lowers the sum of the two
+///    stages' weights most; repeated until no move helps or a work budget is spent (about
+///    local_search_work steps of cycle walking per call). Walks that cannot beat the best move
+///    found stop early, and pairs of stages unchanged since a fruitless scan are not walked again.
 ///
 /// Promises: each stage a partial permutation (-1: idle); every pair (s, d) with M(s, d) > 0 is
 /// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); at most D
 /// stages, heaviest first; the same matrix gives the same stages (no randomness; ties broken by
 /// index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
-/// over k of the largest k-th entry of any line). Cost: a sort of the S^2 entries, O(S) per
-/// entry placed (bit rows of free stages), plus the swaps and the capped local search; measured
-/// in bench_stages --lb-alpha. Scratch (about 40 bytes per server pair) is reused across calls.
+/// over k of the largest k-th entry of any line). Cost: a radix sort of the S^2 entries (packed
+/// 64-bit keys: value above pair), O(S / 64) words per entry placed (bit rows of free stages), plus
+/// the swaps and the capped local search; measured in bench_stages --lb-alpha. Scratch (about 52
+/// bytes per server pair) is reused across calls.
 class factorized_decomposer {
 public:
   static constexpr const char* name = "factorized";
   static constexpr bool staged = true;
   static constexpr bool exact = false;
-  /// The entries to sort (16 bytes), the stage of each pair in both directions (8), the stages'
-  /// sorted entries (16) (planner_scratch_bytes).
-  static constexpr std::size_t scratch_bytes_per_server_pair = 40;
+  /// The sort keys and the radix sort's buffer (16 bytes), the stage of each pair in both
+  /// directions (8) and by pair (4), its value by stage (8), the stages' sorted entries (16)
+  /// (planner_scratch_bytes).
+  static constexpr std::size_t scratch_bytes_per_server_pair = 52;
   /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
   /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
   /// where it is not (2^18 at S = 512). Measured: 10-20 ns a step.
@@ -71,8 +75,11 @@ private:
   static constexpr int none = -1;
 
   bytes_t val(int s, int d) const noexcept { return (*m_)(s, d); }
-  int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(s) * k_ + c]; }
-  int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(d) * k_ + c]; }
+  // Stage-major: a walk along two stages' alternating path stays within two rows of each.
+  int& rc(int s, int c) noexcept { return rc_[static_cast<std::size_t>(c) * n_ + s]; }
+  int& cc(int d, int c) noexcept { return cc_[static_cast<std::size_t>(c) * n_ + d]; }
+  // The value of row s's entry in stage c (stale where s is idle in c).
+  bytes_t& rv(int s, int c) noexcept { return rv_[static_cast<std::size_t>(c) * n_ + s]; }
   std::uint64_t* row_free(int s) noexcept { return &row_free_[static_cast<std::size_t>(s) * words_]; }
   std::uint64_t* col_free(int d) noexcept { return &col_free_[static_cast<std::size_t>(d) * words_]; }
   static void set_bit(std::uint64_t* w, int c, bool on) noexcept {
@@ -82,12 +89,13 @@ private:
   }
   static bool bit(const std::uint64_t* w, int c) noexcept { return (w[c / 64] >> (c % 64)) & 1; }
 
-  void put(int s, int d, int c) {
+  void put(int s, int d, int c, bytes_t v) {
     rc(s, c) = d;
+    rv(s, c) = v;
     cc(d, c) = s;
     set_bit(row_free(s), c, false);
     set_bit(col_free(d), c, false);
-    w_[c] = std::max(w_[c], val(s, d));
+    w_[c] = std::max(w_[c], v);
   }
   void take(int s, int d, int c) {
     rc(s, c) = none;
@@ -101,36 +109,90 @@ private:
     k_ = 0;
     std::vector<int>& deg = queue_; // scratch: column degrees
     deg.assign(n_, 0);
-    entries_.clear();
+    d_bits_ = 0;
+    while ((1 << d_bits_) < n_) ++d_bits_;
+    keys_.resize(static_cast<std::size_t>(n_) * n_);
+    std::size_t nz = 0;
+    bytes_t lo = ~bytes_t{0}, hi = 0;
     for (int s = 0; s < n_; ++s) {
       int row = 0;
+      const std::uint64_t base = static_cast<std::uint64_t>(s) << d_bits_;
       for (int d = 0; d < n_; ++d)
         if (const bytes_t v = m(s, d); v > 0 && s != d) {
-          entries_.push_back({v, s * n_ + d});
+          keys_[nz++] = base | static_cast<std::uint64_t>(d);
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
           ++row;
           ++deg[d];
         }
       k_ = std::max(k_, row);
     }
+    keys_.resize(nz);
     for (int d = 0; d < n_; ++d) k_ = std::max(k_, deg[d]);
     if (k_ == 0) return;
-    std::sort(entries_.begin(), entries_.end(), [](const entry& x, const entry& y) {
-      return x.value != y.value ? x.value > y.value : x.pair < y.pair;
-    });
+    sort_entries(lo, hi);
     const std::size_t n = static_cast<std::size_t>(n_);
     words_ = (static_cast<std::size_t>(k_) + 63) / 64;
     rc_.assign(n * k_, none);
     cc_.assign(n * k_, none);
-    row_free_.assign(n * words_, 0);
-    col_free_.assign(n * words_, 0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (int c = 0; c < k_; ++c) {
-        set_bit(row_free(static_cast<int>(i)), c, true);
-        set_bit(col_free(static_cast<int>(i)), c, true);
-      }
+    rv_.resize(n * k_);
+    row_free_.resize(n * words_);
+    for (std::size_t wd = 0; wd < words_; ++wd) {
+      const int left = k_ - static_cast<int>(wd * 64);
+      row_free_[wd] = left >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << left) - 1;
+    }
+    for (std::size_t i = 1; i < n; ++i)
+      std::copy_n(row_free_.begin(), words_, row_free_.begin() + static_cast<std::ptrdiff_t>(i * words_));
+    col_free_ = row_free_;
     w_.assign(k_, 0);
     open_ = 0;
-    for (const entry& e : entries_) place(e.pair / n_, e.pair % n_, e.value);
+    for (const std::uint64_t key : keys_) place(key_row(key), key_col(key), key_value(key));
+  }
+
+  // A key: the pair (s << d_bits_ | d) in its low pair_bits_ bits, (hi_ - value) above them where
+  // they fit 64 bits together (packed_), else the pair alone.
+  int key_row(std::uint64_t key) const noexcept { return static_cast<int>((key & pair_mask_) >> d_bits_); }
+  int key_col(std::uint64_t key) const noexcept {
+    return static_cast<int>(key & ((std::uint64_t{1} << d_bits_) - 1));
+  }
+  bytes_t key_value(std::uint64_t key) const noexcept {
+    return packed_ ? hi_ - static_cast<bytes_t>(key >> pair_bits_) : val(key_row(key), key_col(key));
+  }
+
+  // Orders keys_ (pairs, ascending) by value, largest first, ties by pair: a stable
+  // least-significant-digit radix sort over the bits of hi - value that vary keeps equal values in
+  // pair order. Where value and pair do not fit 64 bits together, a comparison sort does the same.
+  void sort_entries(bytes_t lo, bytes_t hi) {
+    pair_bits_ = 2 * d_bits_;
+    int value_bits = 0;
+    while (value_bits < 64 && ((hi - lo) >> value_bits) != 0) ++value_bits;
+    hi_ = hi;
+    packed_ = pair_bits_ + value_bits <= 64;
+    pair_mask_ = pair_bits_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << pair_bits_) - 1;
+    if (!packed_) {
+      std::sort(keys_.begin(), keys_.end(), [&](std::uint64_t x, std::uint64_t y) {
+        const bytes_t vx = key_value(x), vy = key_value(y);
+        return vx != vy ? vx > vy : x < y;
+      });
+      return;
+    }
+    for (std::uint64_t& key : keys_)
+      key |= value_bits == 0 ? 0 : static_cast<std::uint64_t>(hi - val(key_row(key), key_col(key))) << pair_bits_;
+    if (keys_.size() < 1024) { // a radix pass's counts cost more than a small sort
+      std::sort(keys_.begin(), keys_.end());
+      return;
+    }
+    constexpr int digit = 11;
+    constexpr std::size_t buckets = std::size_t{1} << digit;
+    tmp_.resize(keys_.size());
+    for (int shift = pair_bits_; shift < pair_bits_ + value_bits; shift += digit) {
+      count_.assign(buckets, 0);
+      for (const std::uint64_t key : keys_) ++count_[(key >> shift) & (buckets - 1)];
+      std::size_t at = 0;
+      for (std::size_t& c : count_) at += std::exchange(c, at);
+      for (const std::uint64_t key : keys_) tmp_[count_[(key >> shift) & (buckets - 1)]++] = key;
+      keys_.swap(tmp_);
+    }
   }
 
   void place(int s, int d, bytes_t v) {
@@ -141,7 +203,7 @@ private:
       if (std::uint64_t both = fs[wd] & fd[wd]; both != 0) {
         const int c = static_cast<int>(wd * 64) + __builtin_ctzll(both);
         if (c >= open_) break;
-        put(s, d, c);
+        put(s, d, c, v);
         return;
       }
     // Otherwise a Kempe swap of two open stages, or a new stage (cost v), whichever costs less.
@@ -158,7 +220,7 @@ private:
             const int b = static_cast<int>(wb * 64) + __builtin_ctzll(mb);
             if (b >= open_) break;
             if (b == a) continue;
-            const bytes_t c = swap_cost(d, a, b);
+            const bytes_t c = swap_cost(d, a, b, best);
             if (c < best) {
               best = c;
               best_a = a;
@@ -169,26 +231,34 @@ private:
           }
       }
     if (best_a == none) {
-      put(s, d, open_++);
+      put(s, d, open_++, v);
       return;
     }
     swap_path(d, best_a, best_b);
-    put(s, d, best_a);
+    put(s, d, best_a, v);
   }
 
-  // How much the weights of a and b rise if the path from column d (a-edge, b-edge, ...) swaps.
-  bytes_t swap_cost(int d, int a, int b) {
-    bytes_t into_a = 0, into_b = 0;
+  // How much the weights of a and b rise if the path from column d (a-edge, b-edge, ...) swaps;
+  // stops once the rise reaches `limit` (a cost not below limit is all the caller needs to know).
+  bytes_t swap_cost(int d, int a, int b, bytes_t limit) {
+    const bytes_t wa = w_[a], wb = w_[b];
+    bytes_t up_a = 0, up_b = 0; // the rises so far
     for (int col = d;;) {
       const int r = cc(col, a);
       if (r == none) break;
-      into_b = std::max(into_b, val(r, col));
+      if (const bytes_t v = rv(r, a); v > wb + up_b) {
+        up_b = v - wb;
+        if (up_a + up_b >= limit) break;
+      }
       const int c2 = rc(r, b);
       if (c2 == none) break;
-      into_a = std::max(into_a, val(r, c2));
+      if (const bytes_t v = rv(r, b); v > wa + up_a) {
+        up_a = v - wa;
+        if (up_a + up_b >= limit) break;
+      }
       col = c2;
     }
-    return (into_a > w_[a] ? into_a - w_[a] : 0) + (into_b > w_[b] ? into_b - w_[b] : 0);
+    return up_a + up_b;
   }
 
   // Swaps the path from column d: afterwards stage a is free at d. The path cannot reach the
@@ -198,14 +268,14 @@ private:
     for (int col = d;;) {
       const int r = cc(col, a);
       if (r == none) break;
-      path_.push_back({r, col, a});
+      path_.push_back({r, col, a, rv(r, a)});
       const int c2 = rc(r, b);
       if (c2 == none) break;
-      path_.push_back({r, c2, b});
+      path_.push_back({r, c2, b, rv(r, b)});
       col = c2;
     }
     for (const hop& h : path_) take(h.s, h.d, h.c);
-    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a, h.v);
   }
 
   // Phase 2: local search over alternating cycles.
@@ -214,36 +284,52 @@ private:
     std::size_t work = 0;
     // Stage weights are recomputed from the colouring (a swap in phase 1 may have left a stage
     // lighter than its recorded weight).
-    sorted_.resize(static_cast<std::size_t>(n_) * k_);
-    for (int c = 0; c < k_; ++c) sort_stage(c);
+    rank_stages();
     stamp_.assign(n_, 0);
     epoch_ = 0;
     order_.resize(k_);
+    // A scan of stage a that found no move stays valid until a or the other stage changes:
+    // changed_[c] is the move count at c's last change, scanned_[a] the move count at a's last
+    // fruitless scan (-1: none), and only pairs with a change since are walked again.
+    changed_.assign(k_, 0);
+    scanned_.assign(k_, -1);
+    long long moves = 0;
     while (work < budget) {
       for (int c = 0; c < k_; ++c) order_[c] = c;
-      std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return w_[x] > w_[y]; });
+      // Stages whose largest entry stands furthest above their second first (moving that entry
+      // out can gain most), ties heaviest first.
+      auto gap = [&](int c) { return len_[c] > 1 ? w_[c] - stage_sorted(c)[1].value : w_[c]; };
+      std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) {
+        return gap(x) != gap(y) ? gap(x) > gap(y) : w_[x] > w_[y];
+      });
       bool moved = false;
       for (int a : order_) {
         if (w_[a] == 0) continue;
+        const long long since = changed_[a] > scanned_[a] ? -1 : scanned_[a];
         const int s = stage_sorted(a)[0].row; // the stage's largest entry
         long long best_gain = 0;
         int best_b = none;
         for (int b = 0; b < k_ && work < budget; ++b) {
-          if (b == a) continue;
-          const long long g = cycle_gain(s, a, b, work);
+          // The gain is at most w_b (stage b takes a's largest entry): no walk where that is
+          // no better than the best so far, nor where neither stage changed since a fruitless scan.
+          if (b == a || changed_[b] <= since || static_cast<long long>(w_[b]) <= best_gain) continue;
+          const long long g = cycle_gain(s, a, b, work, best_gain);
           if (g > best_gain) {
             best_gain = g;
             best_b = b;
           }
         }
+        if (work >= budget) break;
         if (best_b != none) {
-          cycle_gain(s, a, best_b, work); // marks the cycle's rows again
+          cycle_gain(s, a, best_b, work, -1); // marks the cycle's rows again
           swap_cycle(a, best_b);
           sort_stage(a);
           sort_stage(best_b);
+          changed_[a] = changed_[best_b] = ++moves;
           moved = true;
+        } else {
+          scanned_[a] = moves;
         }
-        if (work >= budget) break;
       }
       if (!moved) break;
     }
@@ -253,31 +339,51 @@ private:
     bytes_t value;
     int row;
   };
+  // Stage c's entries, largest first (ties by row): len_[c] of them.
   std::span<ranked> stage_sorted(int c) noexcept {
-    return {sorted_.data() + static_cast<std::size_t>(c) * n_, static_cast<std::size_t>(n_)};
+    return {sorted_.data() + static_cast<std::size_t>(c) * n_, static_cast<std::size_t>(len_[c])};
+  }
+  // Every stage's entries in order and its weight, from keys_ (already in that order) without a
+  // sort per stage.
+  void rank_stages() {
+    const std::size_t n = static_cast<std::size_t>(n_);
+    sorted_.resize(n * k_);
+    stage_of_.resize(n * n);
+    len_.assign(k_, 0);
+    for (int c = 0; c < k_; ++c)
+      for (int s = 0; s < n_; ++s)
+        if (const int d = rc(s, c); d != none) stage_of_[static_cast<std::size_t>(s) * n + d] = c;
+    for (const std::uint64_t key : keys_) {
+      const int s = key_row(key);
+      const int c = stage_of_[static_cast<std::size_t>(s) * n + key_col(key)];
+      sorted_[static_cast<std::size_t>(c) * n + len_[c]++] = {key_value(key), s};
+    }
+    for (int c = 0; c < k_; ++c) w_[c] = len_[c] > 0 ? sorted_[static_cast<std::size_t>(c) * n].value : 0;
   }
   void sort_stage(int c) {
-    std::span<ranked> st = stage_sorted(c);
-    bytes_t wmax = 0;
-    for (int s = 0; s < n_; ++s) {
-      const int d = rc(s, c);
-      st[s] = {d == none ? 0 : val(s, d), s};
-      wmax = std::max(wmax, st[s].value);
-    }
-    std::sort(st.begin(), st.end(), [](const ranked& x, const ranked& y) {
+    ranked* st = sorted_.data() + static_cast<std::size_t>(c) * n_;
+    int len = 0;
+    for (int s = 0; s < n_; ++s)
+      if (rc(s, c) != none) st[len++] = {rv(s, c), s};
+    std::sort(st, st + len, [](const ranked& x, const ranked& y) {
       return x.value != y.value ? x.value > y.value : x.row < y.row;
     });
-    w_[c] = wmax;
+    len_[c] = len;
+    w_[c] = len > 0 ? st[0].value : 0;
   }
 
   // The drop in w_a + w_b if the component of stages {a, b} through row s's a-edge swaps its
   // colours; 0 or less where it would not help (the walk stops early once it cannot). Leaves the
   // component's rows in cyc_ and stamped with epoch_.
-  long long cycle_gain(int s, int a, int b, std::size_t& work) {
+  long long cycle_gain(int s, int a, int b, std::size_t& work, long long beat) {
     ++epoch_;
     cyc_.clear();
     const bytes_t wa = w_[a];
+    const long long both = static_cast<long long>(wa + w_[b]);
     bytes_t into_a = 0, into_b = 0;
+    // na >= into_a and nb >= into_b, so the gain is at most both - into_a - into_b: the walk
+    // stops once that cannot beat `beat` (the best gain found so far).
+    auto hopeless = [&] { return both - static_cast<long long>(into_a + into_b) <= beat; };
     // Forward: s -a-> d -b-> r -a-> ...; then backward from s along b if it was a path.
     bool closed = false;
     for (int r = s;;) {
@@ -286,13 +392,13 @@ private:
       stamp_[r] = epoch_;
       const int d = rc(r, a);
       if (d == none) break;
-      into_b = std::max(into_b, val(r, d));
+      into_b = std::max(into_b, rv(r, a));
       const int next = cc(d, b);
       if (next == none) break;
-      const int nd = rc(next, b);
-      const bytes_t moved = val(next, nd);
+      const bytes_t moved = rv(next, b);
       if (moved >= wa) return 0; // stage a would not get lighter
       into_a = std::max(into_a, moved);
+      if (hopeless()) return 0;
       if (next == s) {
         closed = true;
         break;
@@ -304,12 +410,13 @@ private:
         ++work;
         const int d = rc(r, b);
         if (d == none) break;
-        const bytes_t moved = val(r, d);
+        const bytes_t moved = rv(r, b);
         if (moved >= wa) return 0;
         into_a = std::max(into_a, moved);
         const int next = cc(d, a);
         if (next == none) break;
-        into_b = std::max(into_b, val(next, rc(next, a)));
+        into_b = std::max(into_b, rv(next, a));
+        if (hopeless()) return 0;
         cyc_.push_back(next);
         stamp_[next] = epoch_;
         r = next;
@@ -335,11 +442,11 @@ private:
   void swap_cycle(int a, int b) {
     path_.clear();
     for (int r : cyc_) {
-      if (const int d = rc(r, a); d != none) path_.push_back({r, d, a});
-      if (const int d = rc(r, b); d != none) path_.push_back({r, d, b});
+      if (const int d = rc(r, a); d != none) path_.push_back({r, d, a, rv(r, a)});
+      if (const int d = rc(r, b); d != none) path_.push_back({r, d, b, rv(r, b)});
     }
     for (const hop& h : path_) take(h.s, h.d, h.c);
-    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a);
+    for (const hop& h : path_) put(h.s, h.d, h.c == a ? b : a, h.v);
   }
 
   void emit(stage_list& out) {
@@ -353,12 +460,9 @@ private:
     }
   }
 
-  struct entry {
-    bytes_t value;
-    int pair;
-  };
   struct hop {
     int s, d, c;
+    bytes_t v;
   };
   // Kempe swaps compared per placement at most (the first zero-cost one ends the search).
   static constexpr int max_swap_trials = 16;
@@ -367,13 +471,19 @@ private:
   int n_ = 0, k_ = 0, open_ = 0;
   std::size_t words_ = 0;
   std::uint32_t epoch_ = 0;
-  std::vector<entry> entries_;
-  std::vector<int> rc_, cc_, queue_, cyc_, order_;
+  std::uint64_t pair_mask_ = 0;
+  int d_bits_ = 0, pair_bits_ = 0;
+  bytes_t hi_ = 0;
+  bool packed_ = false;
+  std::vector<std::uint64_t> keys_, tmp_;
+  std::vector<std::size_t> count_;
+  std::vector<int> rc_, cc_, queue_, cyc_, order_, stage_of_, len_;
   std::vector<std::uint64_t> row_free_, col_free_;
-  std::vector<bytes_t> w_;
+  std::vector<bytes_t> w_, rv_;
   std::vector<hop> path_;
   std::vector<ranked> sorted_;
   std::vector<std::uint32_t> stamp_;
+  std::vector<long long> changed_, scanned_;
   std::vector<std::int32_t> perm_;
 };
 
