@@ -115,6 +115,16 @@ void check_view_against_whole(const fa::plan& view, const fa::plan& whole, rank_
 /// call, in memory of the matrix plus one rank's part: no whole plan and no baselines. Each part is
 /// checked on its own (fasta2a::verify_rank_view); where the whole plan is small (at most 256 ranks,
 /// within --max-plan-bytes) it is also built, verified, and the part compared with it.
+
+// The --report file, truncated, or a closed stream when none was asked for.
+std::ofstream open_report(const std::string& path) {
+  std::ofstream report;
+  if (path.empty()) return report;
+  report.open(path, std::ios::binary | std::ios::trunc);
+  if (!report) throw fa::error("cannot open report file '" + path + "' for writing");
+  return report;
+}
+
 template <fa::Topology Topo> int plan_rank_on(const Topo& topo, const options& o) {
   const rank_t n = topo.ranks(), R = o.rank;
   const int S = topo.servers(), G = topo.gpus_per_server();
@@ -136,11 +146,7 @@ template <fa::Topology Topo> int plan_rank_on(const Topo& topo, const options& o
   fa::plan view, whole;
   const fa::scaleout_model net = fa::scaleout_of(topo, fa::cost_params{o.alpha_s});
 
-  std::ofstream report;
-  if (!o.report_path.empty()) {
-    report.open(o.report_path, std::ios::binary | std::ios::trunc);
-    if (!report) throw fa::error("cannot open report file '" + o.report_path + "' for writing");
-  }
+  std::ofstream report = open_report(o.report_path);
   const workload w = load_workload(o, n);
   const auto print_preamble = [&] {
     std::cout << "# fasta2a plan: " << S << " servers x " << G << " GPUs, scale-up " << fa::to_string(topo.scaleup())
@@ -263,11 +269,7 @@ template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
   fa::plan fast_plan, spread_plan, direct_plan;
   const fa::cost_params cp{o.alpha_s};
 
-  std::ofstream report;
-  if (!o.report_path.empty()) {
-    report.open(o.report_path, std::ios::binary | std::ios::trunc);
-    if (!report) throw fa::error("cannot open report file '" + o.report_path + "' for writing");
-  }
+  std::ofstream report = open_report(o.report_path);
 
   const workload w = load_workload(o, n);
   // The header is printed with the first row, which follows the first verified plan: input that
