@@ -331,7 +331,8 @@ private:
   }
 
   // The sum of a G x G block, setting `overflow` if it passes 64 bits. The high and low 32 bits of
-  // the entries are summed apart, which cannot wrap for fewer than 2^32 entries and vectorises.
+  // the entries are summed apart, which cannot wrap for fewer than 2^32 entries: one overflow test
+  // per block instead of one per entry.
   static bytes_t block_sum(const bytes_t* blk, std::size_t ld, int G, bool& overflow) noexcept {
     if constexpr (static_gpus_v<Topo> > 0) G = static_gpus_v<Topo>;
     if (static_cast<std::uint64_t>(G) * static_cast<std::uint64_t>(G) >= (std::uint64_t{1} << 32)) {
@@ -470,7 +471,6 @@ private:
       bfs_.resize(G);
     }
     if (y_.size() < GG) y_.resize(GG);
-    static_cast<void>(GG);
     const std::size_t ld = static_cast<std::size_t>(t.outerStride());
     const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
     auto B = [&](int a, int b) { return blk[a * ld + b]; };
