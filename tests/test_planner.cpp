@@ -6,6 +6,7 @@
 #include "workloads.hpp"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -259,7 +260,7 @@ TEST_CASE("planner.rail_capacities_deal_extra_granules_to_the_busiest_diagonal_f
   // granules large enough that G x granule passes 64 bits.
   std::mt19937_64 rng(1313);
   for (int iter = 0; iter < 4000; ++iter) {
-    const int G = iter % 4 == 3 ? 65 + static_cast<int>(rng() % 40) : 1 + static_cast<int>(rng() % 16);
+    const int G = iter % 4 == 3 ? 65 + static_cast<int>(rng() % 40) : iter % 4 == 1 ? 8 : 1 + static_cast<int>(rng() % 16);
     const bytes_t granule = iter % 50 == 0 ? (bytes_t{1} << 62) + rng() % 1000 : 1 + rng() % 64;
     const bytes_t v = iter % 50 == 0 ? rng() : rng() % (static_cast<bytes_t>(G) * 200 + 1);
     std::vector<bytes_t> diag(static_cast<std::size_t>(G) * 3);
@@ -282,6 +283,63 @@ TEST_CASE("planner.rail_capacities_deal_extra_granules_to_the_busiest_diagonal_f
     const bytes_t top = rail_capacities(v, G, granule, diag.data(), 3, got.data());
     CHECK(got == want);
     CHECK(top == *std::max_element(want.begin(), want.end()));
+    if (G == 8) { // the sorting network of the compile-time 8-rail path
+      std::vector<bytes_t> got8(8);
+      CHECK(rail_capacities<8>(v, G, granule, diag.data(), 3, got8.data()) == top);
+      CHECK(got8 == want);
+    }
+  }
+  // The network sorts every order of 8 rails: all 2^8 diagonals of 0s and 1s (the 0-1 principle),
+  // and every permutation of 8 distinct values at the remainders 1..7 granules.
+  for (unsigned bits = 0; bits < 256; ++bits)
+    for (bytes_t whole = 1; whole < 8; ++whole) {
+      bytes_t diag[8], got[8];
+      for (int k = 0; k < 8; ++k) diag[k] = (bits >> k) & 1;
+      rail_capacities<8>(whole * 10 + 3, 8, 10, diag, 1, got);
+      // Rails with diagonal 1 first, then 0s, each by rail number; the first `whole` get 10 bytes,
+      // the next 3.
+      int place = 0;
+      bool ok = true;
+      for (int want_bit : {1, 0})
+        for (int k = 0; k < 8; ++k)
+          if (static_cast<int>((bits >> k) & 1) == want_bit) {
+            const bytes_t expect = static_cast<bytes_t>(place) < whole ? 10 : static_cast<bytes_t>(place) == whole ? 3 : 0;
+            ok &= got[k] == expect;
+            ++place;
+          }
+      CAPTURE(bits);
+      CAPTURE(whole);
+      CHECK(ok);
+    }
+  std::array<int, 8> perm{0, 1, 2, 3, 4, 5, 6, 7};
+  int perms = 0;
+  do {
+    bytes_t diag[8], got[8];
+    for (int k = 0; k < 8; ++k) diag[k] = static_cast<bytes_t>(perm[k]) * 1000;
+    rail_capacities<8>(5, 8, 1, diag, 1, got); // 5 extra bytes: the 5 largest diagonals get one each
+    bool ok = true;
+    for (int k = 0; k < 8; ++k) ok &= got[k] == (perm[k] >= 3 ? 1u : 0u);
+    perms += ok;
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  CHECK(perms == 40320);
+}
+
+TEST_CASE("planner.block_sums_that_wrap_64_bits_are_refused_on_8_gpu_servers") {
+  // The compile-time 8-GPU path sums a block plainly where every entry is below 2^57 and carefully
+  // otherwise: a block whose sum wraps to a small number must still be refused, wherever it sits.
+  std::mt19937_64 rng(5757);
+  for (int iter = 0; iter < 40; ++iter) {
+    traffic_matrix t = traffic_matrix::Zero(32, 32);
+    const int s = static_cast<int>(rng() % 4), d = static_cast<int>(rng() % 4);
+    // Eight entries of 2^61 sum to exactly 2^64: a plain sum wraps to 0.
+    for (int k = 0; k < 8; ++k) t(s * 8 + k, d * 8 + static_cast<int>(rng() % 8)) += bytes_t{1} << 61;
+    CAPTURE(iter);
+    CHECK_THROWS_WITH_AS(make_plan(h200_cluster(4), t), doctest::Contains("overflows"), error);
+    // Just below: entries of 2^57 - 1 never wrap, and the plan verifies.
+    traffic_matrix ok = traffic_matrix::Zero(32, 32);
+    for (int k = 0; k < 8; ++k) ok(s * 8 + k, d * 8 + k) = (bytes_t{1} << 57) - 1 - rng() % 1000;
+    const plan p = make_plan(h200_cluster(4), ok, {.granule = 8192});
+    CHECK(verify(p, ok).ok);
   }
 }
 

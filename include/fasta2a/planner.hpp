@@ -58,7 +58,27 @@ inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes
   // the division is exact): picked by repeated maximum, or by counting, for rail k, the rails
   // before it in the order, past 64 rails.
   const bytes_t whole = rem / granule, part = rem % granule;
-  if (gpus <= 64) {
+  if constexpr (SG == 8) {
+    // Eight rails (H200 and MI300X servers): the order by a sorting network (Batcher's odd-even
+    // merge sort, 19 branch-free compare-exchanges on (diagonal, rail)), then the deal along it:
+    // about a third of the repeated maximum's instructions, on every server pair of every plan.
+    bytes_t d[8];
+    int r[8];
+    for (int j = 0; j < 8; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride], r[j] = j;
+    auto cx = [&](int a, int b) { // afterwards (d[a], r[a]) comes first: larger diagonal, then lower rail
+      const bool swap = d[b] > d[a] || (d[b] == d[a] && r[b] < r[a]);
+      const bytes_t da = d[a], db = d[b];
+      const int ra = r[a], rb = r[b];
+      d[a] = swap ? db : da, d[b] = swap ? da : db;
+      r[a] = swap ? rb : ra, r[b] = swap ? ra : rb;
+    };
+    cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
+    cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
+    for (int k = 0; k < 8; ++k) {
+      const bytes_t place = static_cast<bytes_t>(k);
+      cap[r[k]] += place < whole ? granule : place == whole ? part : 0;
+    }
+  } else if (gpus <= 64) {
     bytes_t d[64];
     for (int j = 0; j < gpus; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride];
     std::uint64_t taken = 0;
@@ -340,6 +360,19 @@ private:
       for (int a = 0; a < G; ++a)
         for (int b = 0; b < G; ++b) overflow |= __builtin_add_overflow(v, blk[a * ld + b], &v);
       return v;
+    }
+    // Entries below 2^57 cannot wrap a sum of at most 64 of them: one OR per entry finds the
+    // blocks that need the split sum below.
+    if (G <= 8) {
+      bytes_t v = 0, any = 0;
+      for (int a = 0; a < G; ++a) {
+        const bytes_t* row = blk + a * ld;
+        for (int b = 0; b < G; ++b) {
+          v += row[b];
+          any |= row[b];
+        }
+      }
+      if ((any >> 57) == 0) return v;
     }
     bytes_t lo = 0, hi = 0;
     for (int a = 0; a < G; ++a) {
