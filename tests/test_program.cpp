@@ -20,6 +20,7 @@
 #include <fasta2a/planner.hpp>
 #include <fasta2a/program.hpp>
 #include <fasta2a/traffic.hpp>
+#include <fasta2a/verify.hpp>
 
 using namespace fasta2a;
 
@@ -60,15 +61,39 @@ test_layout make_layout(const traffic_matrix& t, std::mt19937_64& rng, bool pack
   return L;
 }
 
-/// Runs every rank's program over byte arrays; returns "" or what went wrong.
-std::string interpret(const plan& p, const traffic_matrix& t, const test_layout& L, std::size_t* puts = nullptr,
-                      std::size_t* pieces = nullptr) {
+/// What is wrong with the receive buffers after a call: a byte of a message not where MPI_Alltoallv
+/// puts it, or a byte outside every message written. "" when right.
+std::string received_wrong(const traffic_matrix& t, const test_layout& L, const std::vector<std::vector<std::byte>>& recv) {
+  const rank_t n = static_cast<rank_t>(t.rows());
+  std::ostringstream err;
+  for (rank_t r = 0; r < n; ++r) {
+    const auto R = static_cast<std::size_t>(r);
+    std::vector<char> mine(recv[R].size(), 0);
+    for (rank_t i = 0; i < n; ++i)
+      for (bytes_t k = 0; k < t(i, r); ++k) {
+        const bytes_t at = L.recv_offset(r, i) + k;
+        mine[at] = 1;
+        if (recv[R][at] != pattern_byte(i, r, k)) {
+          err << "rank " << r << ": byte " << k << " from " << i << " wrong; ";
+          break;
+        }
+      }
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      if (!mine[k] && recv[R][k] != canary) {
+        err << "rank " << r << ": byte " << k << " outside every message written; ";
+        break;
+      }
+  }
+  return err.str();
+}
+
+/// Every rank's send buffer (its messages' patterns, canaries between), receive and staging
+/// buffers (canaries).
+void make_buffers(const plan& p, const traffic_matrix& t, const test_layout& L, std::vector<std::vector<std::byte>>& send,
+                  std::vector<std::vector<std::byte>>& recv, std::vector<std::vector<std::byte>>& staging) {
   const rank_t n = p.ranks();
   const auto N = static_cast<std::size_t>(n);
-  std::vector<rank_program> prog(N);
-  program_builder<test_layout> b;
-  for (rank_t r = 0; r < n; ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
-  std::vector<std::vector<std::byte>> send(N), recv(N), staging(N);
+  send.assign(N, {}), recv.assign(N, {}), staging.assign(N, {});
   for (std::size_t r = 0; r < N; ++r) {
     send[r].assign(L.send_size[r], canary);
     for (rank_t j = 0; j < n; ++j)
@@ -77,6 +102,18 @@ std::string interpret(const plan& p, const traffic_matrix& t, const test_layout&
     recv[r].assign(L.recv_size[r], canary);
     staging[r].assign(p.staging_bytes.empty() ? 0 : p.staging_bytes[r], canary);
   }
+}
+
+/// Runs every rank's program over byte arrays; returns "" or what went wrong.
+std::string interpret(const plan& p, const traffic_matrix& t, const test_layout& L, std::size_t* puts = nullptr,
+                      std::size_t* pieces = nullptr) {
+  const rank_t n = p.ranks();
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<rank_program> prog(N);
+  program_builder<test_layout> b;
+  for (rank_t r = 0; r < n; ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
+  std::vector<std::vector<std::byte>> send, recv, staging;
+  make_buffers(p, t, L, send, recv, staging);
   auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& {
     return id == buffer_id::send ? send[r] : id == buffer_id::recv ? recv[r] : staging[r];
   };
@@ -127,35 +164,117 @@ std::string interpret(const plan& p, const traffic_matrix& t, const test_layout&
   // Every rank waits exactly for the (peer, tier, channel) pairs it expects from, once per stage.
   for (rank_t r = 0; r < n; ++r) {
     std::size_t waits = 0;
-    for (const instr& i : prog[static_cast<std::size_t>(r)].code()) waits += i.op == instr_op::wait;
+    for (const instr& i : prog[static_cast<std::size_t>(r)].code())
+      waits += i.op == instr_op::wait && i.channel != engine_channel::credit;
     std::map<std::tuple<int, rank_t, int, channel_id>, int> want;
     for (const instr& i : prog[static_cast<std::size_t>(r)].at(sec::post)) want[{i.stage, i.peer, static_cast<int>(i.via), i.channel}] = 1;
     if (waits != want.size()) err << "rank " << r << " waits " << waits << " times for " << want.size() << " signals; ";
   }
-  for (rank_t r = 0; r < n; ++r) {
-    const auto R = static_cast<std::size_t>(r);
-    std::vector<char> mine(recv[R].size(), 0);
-    for (rank_t i = 0; i < n; ++i)
-      for (bytes_t k = 0; k < t(i, r); ++k) {
-        const bytes_t at = L.recv_offset(r, i) + k;
-        mine[at] = 1;
-        if (recv[R][at] != pattern_byte(i, r, k)) {
-          err << "rank " << r << ": byte " << k << " from " << i << " wrong; ";
-          break;
-        }
-      }
-    for (std::size_t k = 0; k < mine.size(); ++k)
-      if (!mine[k] && recv[R][k] != canary) {
-        err << "rank " << r << ": byte " << k << " outside every message written; ";
-        break;
-      }
-  }
+  err << received_wrong(t, L, recv);
   if (puts || pieces) {
     std::size_t a = 0, b2 = 0;
     for (const rank_program& pg : prog) a += pg.puts(), b2 += pg.pieces_sent();
     if (puts) *puts = a;
     if (pieces) *pieces = b2;
   }
+  return err.str();
+}
+
+/// Runs every rank's program in a random order that respects only what the programs say each rank
+/// waits for (signals and staging credits) and what a runner knows of its own progress: each rank
+/// balances, sends on its rail, redistributes and releases slots in stage order, and every put
+/// lands at once. A staging slot written before the stage that used it last has read it shows as
+/// a wrong byte. `ignore_credits`: a runner that skips the credit waits, which must fail somewhere.
+/// Returns "" or what went wrong.
+std::string interpret_shuffled(const plan& p, const traffic_matrix& t, const test_layout& L, std::uint64_t seed,
+                               bool ignore_credits = false) {
+  using sec = rank_program::section;
+  const rank_t n = p.ranks();
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<rank_program> prog(N);
+  program_builder<test_layout> b;
+  for (rank_t r = 0; r < n; ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
+  std::vector<std::vector<std::byte>> send, recv, staging;
+  make_buffers(p, t, L, send, recv, staging);
+  auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& {
+    return id == buffer_id::send ? send[r] : id == buffer_id::recv ? recv[r] : staging[r];
+  };
+  using key = std::tuple<rank_t, rank_t, int, channel_id>; // receiver, sender, tier, channel
+  std::map<key, std::uint64_t> got, taken;
+  std::ostringstream err;
+  auto ready = [&](rank_t r, std::span<const instr> waits) {
+    for (const instr& w : waits)
+      if (!(ignore_credits && w.channel == engine_channel::credit) &&
+          got[{r, w.peer, static_cast<int>(w.via), w.channel}] <= taken[{r, w.peer, static_cast<int>(w.via), w.channel}])
+        return false;
+    return true;
+  };
+  auto take = [&](rank_t r, std::span<const instr> waits) {
+    for (const instr& w : waits)
+      if (!(ignore_credits && w.channel == engine_channel::credit)) ++taken[{r, w.peer, static_cast<int>(w.via), w.channel}];
+  };
+  auto run = [&](rank_t r, std::span<const instr> code) {
+    const auto R = static_cast<std::size_t>(r);
+    for (const instr& i : code) {
+      if (i.op == instr_op::signal) {
+        ++got[{i.peer, r, static_cast<int>(i.via), i.channel}];
+      } else if (i.op == instr_op::copy || i.op == instr_op::put) {
+        auto &s = buf(R, i.src_buf), &d = buf(i.op == instr_op::copy ? R : static_cast<std::size_t>(i.peer), i.dst_buf);
+        if (i.src + i.bytes > s.size() || i.dst + i.bytes > d.size()) err << "out of bounds at rank " << r << "; ";
+        else std::copy_n(s.begin() + static_cast<std::ptrdiff_t>(i.src), i.bytes, d.begin() + static_cast<std::ptrdiff_t>(i.dst));
+      }
+    }
+  };
+  for (rank_t r = 0; r < n; ++r) run(r, prog[static_cast<std::size_t>(r)].at(sec::start));
+  const std::size_t T = p.stages(), K = prog.empty() ? 0 : prog[0].ring(), released = K > 0 && T > K ? T - K : 0;
+  struct cursors {
+    std::size_t bal = 0, rail = 0, redist = 0, rel_out = 0, rel_in = 0;
+  };
+  std::vector<cursors> c(N);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<rank_t, int>> can;
+  for (;;) {
+    can.clear();
+    for (rank_t r = 0; r < n; ++r) {
+      const rank_program& pg = prog[static_cast<std::size_t>(r)];
+      const cursors& x = c[static_cast<std::size_t>(r)];
+      if (x.bal < T && ready(r, pg.at(sec::credit_balance, x.bal))) can.emplace_back(r, 0);
+      if (x.rail < T && ready(r, pg.at(sec::await_balance, x.rail)) && ready(r, pg.at(sec::credit_rail, x.rail)))
+        can.emplace_back(r, 1);
+      if (x.redist < T && ready(r, pg.at(sec::await_rail, x.redist))) can.emplace_back(r, 2);
+      if (x.rel_out < released && x.rel_out < x.rail) can.emplace_back(r, 3);
+      if (x.rel_in < released && x.rel_in < x.redist) can.emplace_back(r, 4);
+    }
+    if (can.empty()) break;
+    const auto [r, what] = can[rng() % can.size()];
+    const rank_program& pg = prog[static_cast<std::size_t>(r)];
+    cursors& x = c[static_cast<std::size_t>(r)];
+    switch (what) {
+    case 0: take(r, pg.at(sec::credit_balance, x.bal)), run(r, pg.at(sec::balance, x.bal++)); break;
+    case 1:
+      take(r, pg.at(sec::await_balance, x.rail)), take(r, pg.at(sec::credit_rail, x.rail));
+      run(r, pg.at(sec::rail, x.rail++));
+      break;
+    case 2: take(r, pg.at(sec::await_rail, x.redist)), run(r, pg.at(sec::redistribute, x.redist++)); break;
+    case 3: run(r, pg.at(sec::release_out, K + x.rel_out++)); break;
+    default: run(r, pg.at(sec::release_in, K + x.rel_in++)); break;
+    }
+  }
+  for (rank_t r = 0; r < n; ++r) {
+    const cursors& x = c[static_cast<std::size_t>(r)];
+    if (x.bal < T || x.rail < T || x.redist < T || x.rel_out < released || x.rel_in < released)
+      err << "rank " << r << " is stuck at balance " << x.bal << ", rail " << x.rail << ", redistribution " << x.redist
+          << ", releases " << x.rel_out << "/" << x.rel_in << " of " << T << " stages; ";
+    else if (!ready(r, prog[static_cast<std::size_t>(r)].at(sec::finish)))
+      err << "rank " << r << " misses a signal it waits for at the finish; ";
+    else
+      take(r, prog[static_cast<std::size_t>(r)].at(sec::finish));
+  }
+  for (const auto& [k, n_got] : got)
+    if (n_got != taken[k] && !(ignore_credits && std::get<3>(k) == engine_channel::credit))
+      err << "rank " << std::get<0>(k) << " got " << n_got << " signals from " << std::get<1>(k) << " on channel "
+          << std::get<3>(k) << " and waited for " << taken[k] << "; ";
+  err << received_wrong(t, L, recv);
   return err.str();
 }
 
@@ -192,6 +311,89 @@ TEST_CASE("program.every_byte_lands_once_where_it_belongs_bottleneck") { check_r
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_spread_out") { check_random_plans<spread_out_decomposer>(13, 80); }
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_direct") { check_random_plans<direct_decomposer>(14, 80); }
 TEST_CASE("program.every_byte_lands_once_where_it_belongs_slack") { check_random_plans<slack_decomposer>(15, 80); }
+
+TEST_CASE("program.shared_staging_within_budget_lands_every_byte_in_any_order_the_credits_allow") {
+  // Plans whose own staging layout exceeds a budget share staging in rings of slots: the budget
+  // holds on every rank, the stages still sum to the unbudgeted plan's weight (exact), the verifier
+  // and the rank views agree, and every byte lands whatever order the waits and credits allow. A
+  // runner that skips the credits corrupts some of them (so the credits are what makes it work).
+  std::mt19937_64 rng(77);
+  int shared = 0, corrupted_without_credits = 0;
+  for (int k = 0; k < 60; ++k) {
+    const int S = 2 + static_cast<int>(rng() % 4), G = 2 + static_cast<int>(rng() % 3);
+    const rank_t n = S * G;
+    const traffic_matrix t = k % 2 ? zipf_traffic(n, 1.0 + 0.1 * static_cast<double>(rng() % 5), 200 + rng() % 3000, rng())
+                                   : hotspot_traffic(n, 1, 0.6, 200 + rng() % 2000, rng());
+    plan_options opt;
+    opt.granule = 1 + rng() % 16;
+    const plan own = planner<two_tier_topology>(two_tier_topology(S, G), opt).make(t);
+    const bytes_t most = *std::max_element(own.staging_bytes.begin(), own.staging_bytes.end());
+    opt.staging_slots = 1 + static_cast<std::uint32_t>(rng() % 4);
+    opt.staging_budget = std::max<bytes_t>(2 * opt.staging_slots * opt.granule, most * (5 + rng() % 60) / 100);
+    planner<two_tier_topology> pl(two_tier_topology(S, G), opt);
+    const plan p = pl.make(t);
+    CAPTURE(k);
+    CAPTURE(S);
+    CAPTURE(G);
+    CAPTURE(opt.staging_budget);
+    CAPTURE(opt.staging_slots);
+    const verify_result v = verify(p, t, {.exact_lower_bound = true});
+    CHECK_MESSAGE(v.ok, v.error);
+    CHECK(p.total_weight() == own.total_weight());
+    CHECK(p.stages() >= own.stages());
+    for (bytes_t b : p.staging_bytes) CHECK(b <= std::max(opt.staging_budget, most));
+    if (most > opt.staging_budget) {
+      ++shared;
+      CHECK(p.staging_ring > 0);
+      CHECK(p.staging_ring <= opt.staging_slots);
+      for (bytes_t b : p.staging_bytes) CHECK(b <= opt.staging_budget);
+    } else {
+      CHECK(p.staging_ring == 0);
+    }
+    const test_layout L = make_layout(t, rng, k % 3 == 0);
+    std::string e = interpret(p, t, L);
+    CHECK_MESSAGE(e.empty(), e);
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      e = interpret_shuffled(p, t, L, rng());
+      CHECK_MESSAGE(e.empty(), e);
+    }
+    if (p.staging_ring > 0 && p.stages() > p.staging_ring)
+      for (std::uint64_t seed = 0; seed < 3; ++seed)
+        if (!interpret_shuffled(p, t, L, rng(), true).empty()) {
+          ++corrupted_without_credits;
+          break;
+        }
+    program_builder<test_layout> b;
+    for (rank_t r = 0; r < n; ++r) {
+      const plan view = pl.make_rank(t, r);
+      const verify_result vv = verify_rank_view(view, t, {.exact_lower_bound = true});
+      CHECK_MESSAGE(vv.ok, vv.error);
+      CHECK(view.staging_bytes == p.staging_bytes);
+      rank_program a, w;
+      b.build(p, r, L, a);
+      b.build(view, r, L, w);
+      CHECK(std::equal(a.code().begin(), a.code().end(), w.code().begin(), w.code().end()));
+    }
+  }
+  MESSAGE(shared << " of 60 plans shared staging; " << corrupted_without_credits << " of them corrupted without credits");
+  CHECK(shared >= 40);
+  CHECK(corrupted_without_credits >= 10);
+}
+
+TEST_CASE("program.a_staging_budget_that_cannot_hold_a_granule_per_slot_is_a_clear_error") {
+  const traffic_matrix t = zipf_traffic(8, 1.0, 4096, 3);
+  plan_options opt;
+  opt.granule = 64;
+  opt.staging_slots = 4;
+  opt.staging_budget = 2 * 4 * 64 - 1;
+  planner<two_tier_topology> pl(two_tier_topology(2, 4), opt);
+  CHECK_THROWS_WITH_AS(pl.make(t), doctest::Contains("cannot hold 8 slots"), error);
+  opt.staging_budget += 1; // exactly one granule per slot: every stage one granule at most
+  const plan p = planner<two_tier_topology>(two_tier_topology(2, 4), opt).make(t);
+  CHECK(p.staging_slot == 64);
+  const verify_result v = verify(p, t, {.exact_lower_bound = true});
+  CHECK_MESSAGE(v.ok, v.error);
+}
 
 TEST_CASE("program.a_rank_view_gives_the_same_program_as_the_whole_plan") {
   std::mt19937_64 rng(5);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -51,6 +52,14 @@ struct engine_options {
   /// Buffers that calls register on their own (not windows) stay registered, up to this many; the
   /// least recently used is deregistered first. At least 2 (a call's send and receive buffers).
   std::size_t registration_cache = 8;
+  /// Staging per rank as a fraction of the largest buffer of the call: the most bytes any rank
+  /// sends or receives (every rank knows every rank's counts, so every rank plans with the same
+  /// budget). Where the plan's own staging layout needs more on some rank, the plan shares staging
+  /// across stages within this budget (plan_options::staging_budget: stages cut into slot-sized
+  /// chunks, slots reused as stages finish), at least one granule per slot. Where
+  /// planning.staging_budget is also set, the smaller budget applies. Unset: only
+  /// planning.staging_budget limits staging. The engine keeps the largest staging any call needed.
+  std::optional<double> staging_fraction = 0.25;
 };
 
 /// Where the time of the last call went (seconds, measured on this rank), and what it cost.
@@ -83,6 +92,8 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
   for (bytes_t w : p.stage_weight) mix(w);
   for (std::int32_t d : p.stage_perm) mix(static_cast<std::uint32_t>(d));
   for (bytes_t b : p.staging_bytes) mix(b);
+  mix(p.staging_ring);
+  mix(p.staging_slot);
   return h;
 }
 
@@ -327,6 +338,9 @@ public:
                   std::to_string(topo.servers()) + " x " + std::to_string(topo.gpus_per_server()) +
                   " = " + std::to_string(n_));
     if (opt_.rail_window < 1) throw error("engine: rail_window must be at least 1");
+    if (opt_.staging_fraction && !(*opt_.staging_fraction > 0 && std::isfinite(*opt_.staging_fraction)))
+      throw error("engine: staging_fraction must be above 0 (got " + std::to_string(*opt_.staging_fraction) + ")");
+    if (opt_.planning.staging_slots < 1) throw error("engine: planning.staging_slots must be at least 1");
     if (opt_.registration_cache < 2) throw error("engine: registration_cache must be at least 2 (send and receive)");
     if (bounce_ && !Out::can_register(memory_kind::host))
       throw error(std::string("engine: the scale-out transport registers neither ") + to_string(M::kind) +
@@ -550,6 +564,7 @@ private:
     h_send_first, ///< packed send displacements: where the first message starts (bytes)
     h_recv_first, ///< packed receive displacements: likewise
     h_failed,     ///< its last call failed once bytes could move: every rank recovers (see recover)
+    h_buffer,     ///< the larger of the bytes it sends and the bytes it receives (the staging budget's base)
     header_words
   };
   static constexpr std::uint64_t send_packed = 1, recv_packed = 2;
@@ -619,11 +634,28 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.planning.direct_if_faster_alpha.has_value()));
     h.mix(opt_.planning.direct_if_faster_alpha.value_or(0.0));
     h.mix(static_cast<std::uint64_t>(opt_.registration_cache));
+    h.mix(opt_.planning.staging_budget);
+    h.mix(static_cast<std::uint64_t>(opt_.planning.staging_slots));
+    h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
+    h.mix(opt_.staging_fraction.value_or(0.0));
     h.mix(detail::decomposer_digest(dec));
     h.mix(static_cast<std::uint64_t>(M::kind));
     h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
     h.mix(static_cast<std::uint64_t>(Out::handle_bytes));
     return h.value();
+  }
+
+  // This call's staging budget (engine_options::staging_fraction): the same on every rank, from
+  // the gathered headers; at least one granule per slot, at most planning.staging_budget if set.
+  bytes_t staging_budget() const noexcept {
+    std::uint64_t largest = 0;
+    for (rank_t r = 0; r < n_; ++r) largest = std::max(largest, word(r, h_buffer));
+    const long double want = static_cast<long double>(largest) * static_cast<long double>(*opt_.staging_fraction);
+    bytes_t b = want >= 1.8e19L ? ~bytes_t{0} : static_cast<bytes_t>(want);
+    const bytes_t least = 2 * static_cast<bytes_t>(opt_.planning.staging_slots) * opt_.planning.granule;
+    b = std::max(b, least);
+    if (opt_.planning.staging_budget > 0) b = std::min(b, opt_.planning.staging_budget);
+    return b;
   }
 
   std::string check_arguments(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,
@@ -699,6 +731,7 @@ private:
     }
     const int counted = exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
     const auto t1 = clock::now();
+    if (opt_.staging_fraction) planner_.set_staging_budget(staging_budget());
     planner_.make_rank_into(traffic(), me_, plan_); // this rank's part only, from the gathered counts in place (the same error on every rank)
     const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
@@ -991,6 +1024,9 @@ private:
         check += recv_counts[j] * elem_size * check_weight(static_cast<rank_t>(j));
       }
       h[h_recv_check] = check;
+      std::uint64_t out = 0, in = 0; // fit in 64 bits: the counts end inside the buffers (check_arguments)
+      for (std::size_t j = 0; j < nn; ++j) out += mine_[j], in += recv_counts[j] * elem_size;
+      h[h_buffer] = std::max(out, in);
       if (packed(send_counts, send_displs, first)) h[h_packed] |= send_packed, h[h_send_first] = first * elem_size;
       if (packed(recv_counts, recv_displs, first)) h[h_packed] |= recv_packed, h[h_recv_first] = first * elem_size;
     }
@@ -1559,15 +1595,21 @@ private:
   // The staged part, as an event loop over three cursors: balance puts run rail_window stages
   // ahead of the rail; the rail sends of stage t start once t's balance data has arrived and fewer
   // than rail_window earlier stages' rail sends are still leaving this rank; stage r is
-  // redistributed as soon as its rail data has arrived. Nothing waits on a condition while another
-  // one could progress.
+  // redistributed as soon as its rail data has arrived. Where the plan shares staging across
+  // stages (rank_program::ring() K > 0), stage t's balance puts also wait for the credits of
+  // their rail ranks' balance slots and its rail sends for the credit of the rail target's arrival
+  // slot, and two more cursors send credits in stage order: stage t + K's balance slot is free once
+  // this rank's rail sends of stage t have left it, its arrival slot once its redistribution of
+  // stage t has. Nothing waits on a condition while another one could progress.
   void run_stages(const exec& x) {
     using sec = rank_program::section;
     const rank_program& pg = x.program;
-    const std::size_t T = pg.stages(), W = opt_.rail_window;
+    const std::size_t T = pg.stages(), W = opt_.rail_window, K = pg.ring();
+    const std::size_t released = K > 0 && T > K ? T - K : 0; // stages whose slots are released for stage + K
     rail_peer_.assign(T, -1);
     rail_count_.assign(T, 0);
     leaving_.clear();
+    redist_sent_.clear();
     auto post_rail = [&](std::size_t t) {
       bounce_out(x, pg.at(sec::rail, t));
       for (const instr& i : pg.at(sec::rail, t)) {
@@ -1580,17 +1622,28 @@ private:
       }
     };
 
-    std::size_t rail = 0, redist = 0, bal_i = 0, in_i = 0;
-    const std::size_t ahead = std::min(T, W);
-    for (std::size_t t = 0; t < ahead; ++t) run(x, pg.at(sec::balance, t));
-
+    // Cursors: the next stage to balance, to send on the rail, to redistribute, and to release
+    // the balance and arrival slots of; and how many waits of the current stage each has taken.
+    std::size_t bal = 0, rail = 0, redist = 0, rel_out = 0, rel_in = 0;
+    std::size_t cb_i = 0, bal_i = 0, cr_i = 0, in_i = 0;
     detail::backoff idle(opt_.waiting);
     auto last = std::chrono::steady_clock::now();
-    while (rail < T || redist < T) {
+    while (bal < T || rail < T || redist < T || rel_out < released || rel_in < released) {
       bool moved = false;
+      while (bal < T && bal < rail + W) {
+        const auto credits = pg.at(sec::credit_balance, bal);
+        while (cb_i < credits.size() && take(credits[cb_i])) ++cb_i, moved = true;
+        if (cb_i < credits.size()) break;
+        run(x, pg.at(sec::balance, bal));
+        ++bal;
+        cb_i = 0;
+        moved = true;
+      }
       if (rail < T) {
         const auto waits = pg.at(sec::await_balance, rail);
         while (bal_i < waits.size() && take(waits[bal_i])) ++bal_i, moved = true;
+        const auto credits = pg.at(sec::credit_rail, rail);
+        while (cr_i < credits.size() && take(credits[cr_i])) ++cr_i, moved = true;
         // Stages whose rail sends have left no longer count against the window, in any order:
         // one slow flow (into a busy receiver) holds one slot, not the whole window.
         std::erase_if(leaving_, [&](std::size_t t) {
@@ -1598,11 +1651,10 @@ private:
           moved |= gone;
           return gone;
         });
-        if (bal_i == waits.size() && leaving_.size() < W) {
+        if (bal_i == waits.size() && cr_i == credits.size() && leaving_.size() < W) {
           post_rail(rail);
-          if (rail + W < T) run(x, pg.at(sec::balance, rail + W));
           ++rail;
-          bal_i = 0;
+          bal_i = cr_i = 0;
           moved = true;
         }
       }
@@ -1611,11 +1663,33 @@ private:
         while (in_i < waits.size() && take(waits[in_i])) ++in_i, moved = true;
         if (in_i == waits.size()) {
           bounce_in(x, redist);
-          run(x, pg.at(sec::redistribute, redist));
+          const auto code = pg.at(sec::redistribute, redist);
+          run(x, code);
+          if (K > 0)
+            for (const instr& i : code)
+              if (i.op == instr_op::signal) redist_sent_.push_back({redist, i.peer, signalled(i.via, i.peer, i.channel)});
           ++redist;
           in_i = 0;
           moved = true;
         }
+      }
+      // Balance slots of stage rel_out + K: free once this rank's rail sends of rel_out have left.
+      while (rel_out < released && rel_out < rail &&
+             std::find(leaving_.begin(), leaving_.end(), rel_out) == leaving_.end()) {
+        run(x, pg.at(sec::release_out, rel_out + K));
+        ++rel_out;
+        moved = true;
+      }
+      // Arrival slots of stage rel_in + K: free once this rank's redistribution of rel_in has left.
+      while (rel_in < released && rel_in < redist) {
+        bool left = true;
+        for (const redist_signal& r : redist_sent_)
+          if (r.stage == rel_in && !up_conn_->sent(r.peer, engine_channel::redistribute, r.count)) left = false;
+        if (!left) break;
+        std::erase_if(redist_sent_, [&](const redist_signal& r) { return r.stage == rel_in; });
+        run(x, pg.at(sec::release_in, rel_in + K));
+        ++rel_in;
+        moved = true;
       }
       const auto now = std::chrono::steady_clock::now();
       if (moved) {
@@ -1626,9 +1700,14 @@ private:
       if (now - last >= opt_.timeout) {
         if (redist < T && in_i < pg.at(sec::await_rail, redist).size()) throw missing(x, pg.at(sec::await_rail, redist)[in_i]);
         if (rail < T && bal_i < pg.at(sec::await_balance, rail).size()) throw missing(x, pg.at(sec::await_balance, rail)[bal_i]);
-        throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
-                    " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
-                    std::to_string(opt_.timeout.count()) + " ms");
+        if (rail < T && cr_i < pg.at(sec::credit_rail, rail).size()) throw missing(x, pg.at(sec::credit_rail, rail)[cr_i]);
+        if (bal < T && cb_i < pg.at(sec::credit_balance, bal).size()) throw missing(x, pg.at(sec::credit_balance, bal)[cb_i]);
+        if (!leaving_.empty())
+          throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
+                      " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
+                      std::to_string(opt_.timeout.count()) + " ms");
+        throw error("rank " + std::to_string(me_) + ": its redistribution of stage " + std::to_string(rel_in) +
+                    " did not leave within " + std::to_string(opt_.timeout.count()) + " ms");
       }
       progress_other(tier::scaleup); // nothing moved: peers may need this rank's progress on either tier
       progress_other(tier::scaleout);
@@ -1685,6 +1764,12 @@ private:
   std::vector<rank_t> rail_peer_;
   std::vector<std::uint64_t> rail_count_;
   std::vector<std::size_t> leaving_; // stages whose rail sends have not yet left this rank
+  struct redist_signal {
+    std::size_t stage;
+    rank_t peer;
+    std::uint64_t count;
+  };
+  std::vector<redist_signal> redist_sent_; // redistributions not yet released (shared staging)
   std::vector<std::pair<tier, rank_t>> ready_in_, ready_out_;
 
   // Bouncing scale-out data through host mirrors (see the class comment).

@@ -115,6 +115,14 @@ struct plan {
   std::vector<std::uint32_t> message_first; ///< ranks^2: first piece of message src*N+dst
   std::vector<std::uint32_t> message_count; ///< ranks^2: its number of pieces
   std::vector<bytes_t> staging_bytes;     ///< per rank: staging buffer bytes it needs
+  /// Staging shared across stages (plan_options::staging_budget): 0 where every piece has a slot of
+  /// its own for the whole call; K > 0 where each rail rank's staging is two rings of K slots of
+  /// `staging_slot` bytes (stage t's balance bytes in slot t mod K of the first ring, its arriving
+  /// bytes in slot t mod K of the second), so that stage t + K reuses stage t's slots once stage t
+  /// is done with them: the executor orders the two with credits (rank_program's release and credit
+  /// sections). Every stage weighs at most staging_slot bytes then.
+  std::uint32_t staging_ring = 0;
+  bytes_t staging_slot = 0;
   std::vector<std::uint32_t> op_offsets;  ///< CSR over (rank, stage): ranks (or 1 in a view) * op_stages() + 1
   std::vector<rank_op> op_list;
 

@@ -35,6 +35,18 @@ struct plan_options {
   /// the stages), and builds the direct plan when that is faster: small messages, where stage
   /// synchronisations cost more than the skew. plan::choice says why.
   std::optional<double> direct_if_faster_alpha{};
+  /// Staging memory per rank, in bytes, that a staged plan may use; 0: no limit. Where the plan's
+  /// own layout (every piece a slot of its own for the whole call) would need more than this on
+  /// some rank, the plan shares staging across stages instead (plan::staging_ring): every rank's
+  /// staging is two rings of staging_slots slots of W bytes, W the budget / (2 staging_slots)
+  /// rounded down to the granule, and stages heavier than W are cut into chunks of at most W (same
+  /// permutation, same sum of weights: the plan stays exact, with more stages). The executor
+  /// reuses a slot once the stage before in the ring is done with it. Throws fasta2a::error where
+  /// the budget cannot hold one granule per slot.
+  bytes_t staging_budget = 0;
+  /// Slots per ring where staging is shared (see staging_budget): stages that can be in flight at
+  /// once on a rail rank. More slots: more overlap, smaller slots, so more stages. At least 1.
+  std::uint32_t staging_slots = 4;
 };
 
 /// Rail capacities of one server pair carrying V bytes over G rails: each rail gets the same
@@ -144,6 +156,8 @@ public:
 
   const Topo& topology() const noexcept { return topo_; }
   const plan_options& options() const noexcept { return opt_; }
+  /// Sets plan_options::staging_budget for the plans made from now on (the engine sets it per call).
+  void set_staging_budget(bytes_t b) noexcept { opt_.staging_budget = b; }
   /// M of the last plan: per-rail bytes between servers.
   const server_matrix& rail_matrix() const noexcept { return m_; }
 
@@ -206,6 +220,11 @@ private:
       p.decomposer = dec_.chosen();
       p.choice = dec_.reason();
     }
+    ring_ = 0;
+    slot_ = 0;
+    if (D::staged && opt_.staging_budget > 0) share_staging(p);
+    p.staging_ring = ring_;
+    p.staging_slot = slot_;
     if (D::staged && opt_.direct_if_faster_alpha) choose_direct(p);
     if (!p.staged) stages_.reset(S);
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
@@ -388,6 +407,40 @@ private:
     return v;
   }
 
+  // Staging within plan_options::staging_budget: where the plan's own layout needs more on some
+  // rank, every stage heavier than a slot is cut into chunks of one slot (the last one smaller),
+  // and every rank's staging becomes two rings of slots (plan::staging_ring). Every rank of a view
+  // knows every rank's staging size (rail_layout), so views and whole plans agree.
+  void share_staging(plan& p) {
+    bytes_t most = 0;
+    for (bytes_t b : p.staging_bytes) most = std::max(most, b);
+    if (most <= opt_.staging_budget || stages_.size() == 0) return;
+    const bytes_t K = opt_.staging_slots, g = opt_.granule;
+    if (K == 0) throw error("plan_options::staging_slots must be at least 1");
+    bytes_t w = opt_.staging_budget / (2 * K) / g * g;
+    if (w == 0)
+      throw error("staging budget of " + std::to_string(opt_.staging_budget) + " bytes per rank cannot hold " +
+                  std::to_string(2 * K) + " slots (2 rings of " + std::to_string(K) + ") of one granule (" +
+                  std::to_string(g) + " bytes) each; the plan's own layout needs " + std::to_string(most) +
+                  " bytes on the busiest rank");
+    bytes_t heaviest = 0;
+    for (bytes_t x : stages_.weights) heaviest = std::max(heaviest, x);
+    w = std::min(w, heaviest);
+    split_.reset(stages_.servers);
+    split_.max_bytes = stages_.max_bytes;
+    split_.extra_bytes_per_stage = stages_.extra_bytes_per_stage;
+    for (std::size_t t = 0; t < stages_.size(); ++t)
+      for (bytes_t left = stages_.weights[t]; left > 0;) {
+        const bytes_t x = std::min(left, w);
+        split_.add(x, stages_.perm(t));
+        left -= x;
+      }
+    std::swap(stages_, split_);
+    ring_ = static_cast<std::uint32_t>(std::min<std::size_t>(K, stages_.size()));
+    slot_ = w;
+    for (bytes_t& b : p.staging_bytes) b = b == 0 ? 0 : 2 * static_cast<bytes_t>(ring_) * w; // 0: stages nothing
+  }
+
   // The model the direct fallback compares in: the topology's, at the option's alpha.
   scaleout_model fallback_model() const {
     scaleout_model net = scaleout_of(topo_);
@@ -415,6 +468,8 @@ private:
       p.decomposer = direct_decomposer::name;
       p.choice += ": direct is faster";
       std::fill(p.staging_bytes.begin(), p.staging_bytes.end(), 0);
+      p.staging_ring = ring_ = 0;
+      p.staging_slot = slot_ = 0;
     }
   }
 
@@ -688,7 +743,12 @@ private:
       const std::int32_t st = c.stages[cursor - 1];
       const bytes_t x = std::min(end, cum) - pos;
       piece pc{src, dst, off, x, st, k};
-      detail::staging_layout::place(pc, rs, rd, c.out_base[k], c.in_base[k], pos);
+      if (ring_ == 0) {
+        detail::staging_layout::place(pc, rs, rd, c.out_base[k], c.in_base[k], pos);
+      } else { // slot st mod ring of each ring; the stream's bytes of stage st start the slot
+        const bytes_t at = static_cast<bytes_t>(static_cast<std::uint32_t>(st) % ring_) * slot_ + pos - (cum - c.weight[st]);
+        detail::staging_layout::place(pc, rs, rd, 0, static_cast<bytes_t>(ring_) * slot_, at);
+      }
       index_.add(pc);
       p.pieces.push_back(pc);
       pos += x;
@@ -781,7 +841,9 @@ private:
   plan_options opt_;
   D dec_;
   server_matrix m_;
-  stage_list stages_;
+  stage_list stages_, split_;
+  std::uint32_t ring_ = 0; // plan::staging_ring and staging_slot of the plan being made
+  bytes_t slot_ = 0;
   std::vector<std::size_t> pair_first_, fill_;
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fasta2a/common.hpp"
@@ -23,7 +24,10 @@ inline constexpr channel_id copy = 0;         ///< self and intra-server copies 
 inline constexpr channel_id balance = 1;      ///< balance, before a rail hop (scale-up)
 inline constexpr channel_id rail = 2;         ///< rail hops and direct sends (scale-out)
 inline constexpr channel_id redistribute = 3; ///< redistribution, after a rail hop (scale-up)
-inline constexpr channel_id count = 4;
+/// Staging credits, where a plan shares staging across stages (plan::staging_ring): a rail rank
+/// tells the ranks that write into its slots that a slot is free again (both tiers).
+inline constexpr channel_id credit = 4;
+inline constexpr channel_id count = 5;
 } // namespace engine_channel
 
 /// The engine's name of one of its channels, for errors and program listings.
@@ -33,6 +37,7 @@ inline const char* engine_channel_name(channel_id c) noexcept {
   case engine_channel::balance: return "balance";
   case engine_channel::rail: return "rail";
   case engine_channel::redistribute: return "redistribute";
+  case engine_channel::credit: return "staging credit";
   }
   return "?";
 }
@@ -86,14 +91,28 @@ struct instr {
 /// - per stage t: balance (puts, signals), await_balance (waits), rail (puts, one signal),
 ///   await_rail (waits), redistribute (puts, signals);
 /// - finish: waits for everything addressed to this rank's receive buffer.
+/// Where the plan shares staging across stages (plan::staging_ring K > 0), each stage t >= K also
+/// has: credit_balance (waits: every rail rank this rank writes balance bytes into in stage t has
+/// freed its balance slot t mod K, run before the balance puts), credit_rail (a wait: the rail
+/// target has freed its arrival slot, run before the rail puts), release_out (signals to the ranks
+/// that write balance bytes into this rank in stage t, run once this rank's rail sends of stage
+/// t - K have left it) and release_in (a signal to the rank whose rail sends into this rank in stage
+/// t, run once this rank's redistribution of stage t - K has left it). Credits are sent and awaited
+/// in stage order, one per (stage, peer), whether or not that peer's bytes touch the slot, so both
+/// sides count them from their own part of the plan.
 /// A runner may interleave stages (the host runner keeps rail_window rail stages in flight) but
 /// runs each section's instructions in order.
 class rank_program {
 public:
-  enum class section : std::uint8_t { post, start, finish, balance, await_balance, rail, await_rail, redistribute };
+  enum class section : std::uint8_t {
+    post, start, finish, balance, await_balance, rail, await_rail, redistribute,
+    credit_balance, credit_rail, release_out, release_in
+  };
 
   rank_t rank() const noexcept { return rank_; }
   std::size_t stages() const noexcept { return stages_; }
+  /// Slots per staging ring where the plan shares staging across stages (plan::staging_ring), else 0.
+  std::size_t ring() const noexcept { return ring_; }
   /// The instructions of one section (t: the stage, for per-stage sections).
   std::span<const instr> at(section s, std::size_t t = 0) const noexcept {
     const std::size_t k = index(s, t);
@@ -137,8 +156,12 @@ public:
     list("post", section::post, 0, false);
     list("start", section::start, 0, false);
     for (std::size_t t = 0; t < stages_; ++t) {
+      list("release out", section::release_out, t, true);
+      list("release in", section::release_in, t, true);
+      list("credit balance", section::credit_balance, t, true);
       list("balance", section::balance, t, true);
       list("await balance", section::await_balance, t, true);
+      list("credit rail", section::credit_rail, t, true);
       list("rail", section::rail, t, true);
       list("await rail", section::await_rail, t, true);
       list("redistribute", section::redistribute, t, true);
@@ -149,7 +172,7 @@ public:
 private:
   template <class Layout>
   friend class program_builder;
-  static constexpr std::size_t per_stage = 5;
+  static constexpr std::size_t per_stage = 9;
   static std::size_t index(section s, std::size_t t) noexcept {
     switch (s) {
     case section::post: return 0;
@@ -160,7 +183,7 @@ private:
   }
 
   rank_t rank_ = -1;
-  std::size_t stages_ = 0, pieces_sent_ = 0;
+  std::size_t stages_ = 0, pieces_sent_ = 0, ring_ = 0;
   std::vector<instr> code_;
   std::vector<std::uint32_t> offsets_;
 };
@@ -183,7 +206,10 @@ public:
     raw_.clear();
     out.rank_ = me;
     out.stages_ = p.stages();
+    out.ring_ = p.staged ? p.staging_ring : 0;
     out.pieces_sent_ = 0;
+    credits_.clear();
+    const std::size_t K = out.ring_;
     const std::size_t T = p.stages(), slots = p.op_stages();
     const std::size_t sections = 3 + rank_program::per_stage * T;
     using sec = rank_program::section;
@@ -257,7 +283,26 @@ public:
                                       pc.stage_in, buffer_id::recv, to, pc.bytes));
           break;
         }
+        if (K > 0 && t >= K) { // staging credits of stage t (see rank_program)
+          instr c;
+          c.channel = engine_channel::credit, c.stage = st, c.bytes = 0;
+          sec where = sec::post;
+          switch (op.kind) {
+          case op_kind::balance_send: c.op = instr_op::wait, c.via = tier::scaleup, c.peer = a, where = sec::credit_balance; break;
+          case op_kind::rail_send: c.op = instr_op::wait, c.via = tier::scaleout, c.peer = b, where = sec::credit_rail; break;
+          case op_kind::balance_recv: c.op = instr_op::signal, c.via = tier::scaleup, c.peer = pc.src, where = sec::release_out; break;
+          case op_kind::rail_recv: c.op = instr_op::signal, c.via = tier::scaleout, c.peer = a, where = sec::release_in; break;
+          default: break;
+          }
+          if (where != sec::post) credits_.push_back({static_cast<std::uint32_t>(rank_program::index(where, t)), c});
+        }
       }
+    std::sort(credits_.begin(), credits_.end(), [](const entry& x, const entry& y) {
+      return std::tie(x.section, x.i.peer) < std::tie(y.section, y.i.peer);
+    });
+    credits_.erase(std::unique(credits_.begin(), credits_.end(),
+                               [](const entry& x, const entry& y) { return x.section == y.section && x.i.peer == y.i.peer; }),
+                   credits_.end());
     std::sort(raw_.begin(), raw_.end(), [](const entry& x, const entry& y) {
       const instr &a = x.i, &b = y.i;
       if (x.section != y.section) return x.section < y.section;
@@ -300,7 +345,7 @@ public:
 
     out.code_.clear();
     out.offsets_.assign(sections + 1, 0);
-    std::size_t r = 0, w = 0;
+    std::size_t r = 0, w = 0, c = 0;
     for (std::size_t s = 0; s < sections; ++s) {
       out.offsets_[s] = static_cast<std::uint32_t>(out.code_.size());
       const std::size_t first = out.code_.size();
@@ -331,6 +376,7 @@ public:
         out.code_.push_back(sg);
       }
       for (; w < waits_.size() && waits_[w].section == s; ++w) out.code_.push_back(waits_[w].i);
+      for (; c < credits_.size() && credits_[c].section == s; ++c) out.code_.push_back(credits_[c].i);
     }
     out.offsets_[sections] = static_cast<std::uint32_t>(out.code_.size());
   }
@@ -340,7 +386,7 @@ private:
     std::uint32_t section;
     instr i;
   };
-  std::vector<entry> raw_, waits_;
+  std::vector<entry> raw_, waits_, credits_;
 };
 
 } // namespace fasta2a

@@ -26,6 +26,36 @@ struct verify_options {
   bool exact_lower_bound = false;
 };
 
+namespace detail {
+
+/// Where staging is shared (plan::staging_ring K > 0): why the plan's ring is malformed (no slot,
+/// a stage heavier than a slot), or "".
+inline std::string ring_problem(const plan& p) {
+  if (p.staging_ring == 0) return {};
+  if (p.staging_slot == 0) return "staging is shared in a ring of " + std::to_string(p.staging_ring) + " slots of 0 bytes";
+  for (std::size_t t = 0; t < p.stages(); ++t)
+    if (p.stage_weight[t] > p.staging_slot)
+      return "stage " + std::to_string(t) + " weighs " + std::to_string(p.stage_weight[t]) +
+             " bytes, more than a staging slot (" + std::to_string(p.staging_slot) + ")";
+  return {};
+}
+
+/// Where staging is shared: why the staging region [begin, end) of stage t at a rail rank (its
+/// balance ring where !arriving, else its arrival ring) is outside that stage's slot, or "". A
+/// region inside its slot can overlap only regions of its own stage or of stages K, 2K, ...
+/// apart on the same ring, which the executor orders with credits.
+inline std::string ring_slot_problem(const plan& p, rank_t at, bool arriving, std::int32_t t, bytes_t begin, bytes_t end) {
+  if (p.staging_ring == 0) return {};
+  const bytes_t K = p.staging_ring, w = p.staging_slot;
+  const bytes_t lo = (arriving ? K * w : 0) + static_cast<bytes_t>(static_cast<std::uint32_t>(t) % p.staging_ring) * w;
+  if (begin >= lo && end <= lo + w && begin <= end) return {};
+  return "rank " + std::to_string(at) + ": staging region [" + std::to_string(begin) + ", " + std::to_string(end) +
+         ") of stage " + std::to_string(t) + " lies outside its slot [" + std::to_string(lo) + ", " +
+         std::to_string(lo + w) + ") of the " + (arriving ? "arrival" : "balance") + " ring";
+}
+
+} // namespace detail
+
 /// Checks plan p against traffic matrix t without trusting the planner:
 /// - the shape fits (N x N with N = servers x gpus_per_server);
 /// - every message is tiled exactly by its pieces (no gap, no overlap, nothing extra), and every
@@ -37,7 +67,9 @@ struct verify_options {
 /// - per stage, server and rail, the bytes are at most the stage weight; per server pair the rail
 ///   loads differ by at most one granule (phase 1 balance);
 /// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
-/// - staging regions lie inside each rank's staging size and never overlap;
+/// - staging regions lie inside each rank's staging size and never overlap; where staging is
+///   shared (plan::staging_ring), every stage fits a slot, every region lies in its stage's slot,
+///   and regions of one stage never overlap;
 /// - the plan's scale-up byte count is what its routes move;
 /// - the per-rank op index lists every hop of every piece exactly once, at the right rank and stage.
 inline verify_result verify(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
@@ -198,27 +230,41 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
                   to_string(bound) + " plus rounding " + to_string(slack));
   }
 
-  // Staging regions: inside each rank's buffer, disjoint.
+  // Staging regions: inside each rank's buffer, disjoint (where staging is shared: inside their
+  // stage's slot, and disjoint within a stage).
+  if (std::string why = detail::ring_problem(p); !why.empty()) return fail(why);
   struct region {
     rank_t rank;
+    std::int32_t stage; // 0 unless staging is shared
     bytes_t begin, end;
   };
   std::vector<region> regions;
+  const bool ring = p.staging_ring > 0;
   for (const piece& pc : p.pieces) {
     if (pc.rail < 0) continue;
-    if (pc.stage_out != no_staging) regions.push_back({p.rail_source(pc), pc.stage_out, pc.stage_out + pc.bytes});
-    if (pc.stage_in != no_staging) regions.push_back({p.rail_target(pc), pc.stage_in, pc.stage_in + pc.bytes});
+    const std::int32_t st = ring ? pc.stage : 0;
+    if (pc.stage_out != no_staging) regions.push_back({p.rail_source(pc), st, pc.stage_out, pc.stage_out + pc.bytes});
+    if (pc.stage_in != no_staging) regions.push_back({p.rail_target(pc), st, pc.stage_in, pc.stage_in + pc.bytes});
+    if (std::string why = pc.stage_out == no_staging ? std::string()
+                          : detail::ring_slot_problem(p, p.rail_source(pc), false, pc.stage, pc.stage_out, pc.stage_out + pc.bytes);
+        !why.empty())
+      return fail(why);
+    if (std::string why = pc.stage_in == no_staging ? std::string()
+                          : detail::ring_slot_problem(p, p.rail_target(pc), true, pc.stage, pc.stage_in, pc.stage_in + pc.bytes);
+        !why.empty())
+      return fail(why);
   }
   std::sort(regions.begin(), regions.end(), [](const region& x, const region& y) {
-    return std::tie(x.rank, x.begin) < std::tie(y.rank, y.begin);
+    return std::tie(x.rank, x.stage, x.begin) < std::tie(y.rank, y.stage, y.begin);
   });
   for (std::size_t i = 0; i < regions.size(); ++i) {
     const region& r = regions[i];
     if (r.end > p.staging_bytes[r.rank])
       return fail("rank " + to_string(r.rank) + ": staging region ends at " + to_string(r.end) +
                   ", past its staging size " + to_string(p.staging_bytes[r.rank]));
-    if (i > 0 && regions[i - 1].rank == r.rank && regions[i - 1].end > r.begin)
-      return fail("rank " + to_string(r.rank) + ": staging regions overlap at " + to_string(r.begin));
+    if (i > 0 && regions[i - 1].rank == r.rank && regions[i - 1].stage == r.stage && regions[i - 1].end > r.begin)
+      return fail("rank " + to_string(r.rank) + ": staging regions overlap at " + to_string(r.begin) +
+                  (ring ? " in stage " + to_string(r.stage) : std::string()));
   }
 
   // The op index: every hop of every piece at both ends, once, at the right rank and stage.
@@ -270,8 +316,9 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
 ///   sum to the matrix entry (no pieces where the entry is 0);
 /// - per stage, what r's rail sends and receives is at most the stage weight;
 /// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
-/// - r's staging regions lie inside r's staging size and never overlap, and the slots its pieces
-///   take in other ranks' buffers lie inside those buffers;
+/// - r's staging regions lie inside r's staging size and never overlap (where staging is shared:
+///   within a stage, and each inside its stage's slot), and the slots its pieces take in other
+///   ranks' buffers lie inside those buffers;
 /// - the plan's total is the matrix's;
 /// - r's op index lists every op r makes for every piece exactly once, at the right stage.
 /// What only the other ranks' parts show (their messages, other rails' loads, phase 1's balance
@@ -319,9 +366,12 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
   std::vector<unsigned char> sent_open(n, 0), received_open(n, 0); // 1: begun, 2: closed
   std::vector<bytes_t> rail_out(T, 0), rail_in(T, 0);
   struct region {
+    std::int32_t stage; // 0 unless staging is shared
     bytes_t begin, end;
   };
   std::vector<region> mine;
+  if (std::string why = detail::ring_problem(p); !why.empty()) return fail(why);
+  const bool ring = p.staging_ring > 0;
   const int home = r / G, my_rail = r % G;
   for (std::size_t i = 0; i < p.pieces.size(); ++i) {
     const piece& pc = p.pieces[i];
@@ -357,13 +407,19 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
         if (pc.stage_out + pc.bytes > p.staging_bytes[a] || pc.stage_out + pc.bytes < pc.stage_out)
           return fail(where + ": its staging slot at rank " + to_string(a) + " ends past that rank's staging size " +
                       to_string(p.staging_bytes[a]));
-        if (a == r) mine.push_back({pc.stage_out, pc.stage_out + pc.bytes});
+        if (a == r) mine.push_back({ring ? pc.stage : 0, pc.stage_out, pc.stage_out + pc.bytes});
+        if (std::string why = detail::ring_slot_problem(p, a, false, pc.stage, pc.stage_out, pc.stage_out + pc.bytes);
+            !why.empty())
+          return fail(why);
       }
       if (pc.stage_in != no_staging) {
         if (pc.stage_in + pc.bytes > p.staging_bytes[b] || pc.stage_in + pc.bytes < pc.stage_in)
           return fail(where + ": its staging slot at rank " + to_string(b) + " ends past that rank's staging size " +
                       to_string(p.staging_bytes[b]));
-        if (b == r) mine.push_back({pc.stage_in, pc.stage_in + pc.bytes});
+        if (b == r) mine.push_back({ring ? pc.stage : 0, pc.stage_in, pc.stage_in + pc.bytes});
+        if (std::string why = detail::ring_slot_problem(p, b, true, pc.stage, pc.stage_in, pc.stage_in + pc.bytes);
+            !why.empty())
+          return fail(why);
       }
     }
     // r's messages: contiguous in the list, offsets from 0 without gap or overlap.
@@ -397,10 +453,12 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
       return fail("stage " + to_string(st) + ": rank " + to_string(r) + "'s rail carries " +
                   to_string(std::max(rail_out[st], rail_in[st])) + " bytes, weight is " +
                   to_string(p.stage_weight[st]));
-  std::sort(mine.begin(), mine.end(), [](const region& x, const region& y) { return x.begin < y.begin; });
+  std::sort(mine.begin(), mine.end(),
+            [](const region& x, const region& y) { return std::tie(x.stage, x.begin) < std::tie(y.stage, y.begin); });
   for (std::size_t i = 1; i < mine.size(); ++i)
-    if (mine[i - 1].end > mine[i].begin)
-      return fail("rank " + to_string(r) + ": staging regions overlap at " + to_string(mine[i].begin));
+    if (mine[i - 1].stage == mine[i].stage && mine[i - 1].end > mine[i].begin)
+      return fail("rank " + to_string(r) + ": staging regions overlap at " + to_string(mine[i].begin) +
+                  (ring ? " in stage " + to_string(mine[i].stage) : std::string()));
 
   // The total, and the stage weights against the scale-out lower bound, from the matrix alone.
   {
