@@ -126,7 +126,7 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
   const bytes_t unit = static_cast<bytes_t>(gpus) * granule;
   const bytes_t base = (v / unit) * granule;
   const bytes_t rem = v - base * gpus;
-  return base + std::min(rem, granule);
+  return base + std::min(rem, granule); // the first rail's share of the remainder
 }
 
 /// What a planner with decomposer D allocates before its first piece, for S servers of G GPUs:

@@ -22,6 +22,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -419,6 +420,44 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       ++cases;
     }
     CHECK(cases == 24);
+  }
+
+  SUBCASE("engine: staging shared within tight budgets (slots reused, credits) is byte-exact and within budget") {
+    std::mt19937_64 rng(4242);
+    const rank_t fixed = W::ranks(0);
+    std::atomic<int> shared{0};
+    for (int iter = 0; iter < 8; ++iter) {
+      const int S = fixed ? server_counts(fixed)[static_cast<std::size_t>(iter) % server_counts(fixed).size()]
+                          : 2 + static_cast<int>(rng() % 3);
+      const int G = fixed ? fixed / S : 2 + static_cast<int>(rng() % 3);
+      CAPTURE(S);
+      CAPTURE(G);
+      std::vector<traffic_matrix> calls;
+      for (int c = 0; c < 2; ++c) calls.push_back(skewed_traffic(S * G, rng, 1));
+      engine_options opt;
+      opt.rail_window = 1 + static_cast<std::size_t>(iter % 4);
+      opt.staging_fraction = iter % 2 ? 0.05 : 0.15;
+      opt.planning.staging_slots = 1 + static_cast<std::uint32_t>(iter % 3);
+      require_all_ok(W::run(S * G, [&](rank_t me, auto& boot, auto& tr, probe&) {
+        using Tr = std::remove_cvref_t<decltype(tr)>;
+        using Bt = std::remove_cvref_t<decltype(boot)>;
+        engine<two_tier_topology, Bt, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
+        bytes_t held = 0;
+        for (const traffic_matrix& t : calls) {
+          engine_call_checked(eng, t, me, 1);
+          bytes_t largest = 0;
+          for (rank_t r = 0; r < S * G; ++r) largest = std::max<bytes_t>({largest, t.row(r).sum(), t.col(r).sum()});
+          const bytes_t budget = std::max<bytes_t>(static_cast<bytes_t>(static_cast<double>(largest) * *opt.staging_fraction),
+                                                   2 * opt.planning.staging_slots);
+          const plan& p = eng.last_plan();
+          if (p.staging_ring > 0) ++shared;
+          held = std::max(held, budget);
+          CHECK(p.staging_bytes[static_cast<std::size_t>(me)] <= budget); // shared, or its own layout fits
+          CHECK(eng.staging_bytes() <= held); // what it holds: the most any call so far needed
+        }
+      }, timeout));
+    }
+    CHECK(shared.load() >= 8); // counted on every rank (of this process): most calls had to share staging
   }
 
   SUBCASE("engine: two engines on the same transports, calls interleaved, byte-exact") {
