@@ -45,6 +45,15 @@ Planning:
                           matrices are made of it too (default 1)
   --alpha US              model cost of one stage's synchronisation, microseconds (default 10)
   --max-plan-bytes B      refuse to build a plan larger than B bytes (default 2GiB)
+  --staging-budget B      staging memory per rank at most B bytes: where the plan's own layout
+                          needs more, staging is shared across stages in two rings of
+                          --staging-slots slots and stages are cut into slot-sized chunks (more
+                          stages, same sum of weights; plan_options::staging_budget). Default: none
+  --staging-fraction F    the budget as F of each matrix's largest buffer (the most bytes any rank
+                          sends or receives), at least a granule per slot, at most --staging-budget
+                          if given: what the engine does per call (engine_options::staging_fraction).
+                          plan's default: none; run's default: the engine's, 0.25; 0 turns it off
+  --staging-slots K       slots per staging ring where staging is shared (default 4)
   --repeat N              synthesis time = median of N plannings of one matrix (default 5)
   --rank R                plan only rank R's part (what rank R computes per call), never the whole
                           plan nor the baselines: memory is the matrix plus one rank's part, so
@@ -69,7 +78,11 @@ Output files (the plan and timeline of the first planned matrix):
                           predicted_s, predicted_over_lower_bound_alpha, predicted_spreadout_s,
                           predicted_direct_s,
                           synthesis_us (whole plan), synthesis_rank_us (rank 0's part),
-                          decomposer and choice (the schedule used and why, with best/--adaptive)
+                          decomposer and choice (the schedule used and why, with best/--adaptive),
+                          staging_budget (0: none), staging_ring (slots per ring where staging is
+                          shared, else 0), buffer_bytes_max (the largest buffer: the most bytes any
+                          rank sends or receives) and staging_over_own_buffer_max (the largest of
+                          any rank's staging over its own larger buffer)
   --svg FILE              the model's timeline, FAST above direct sending
 
 With --rank R (R from 0 to S*G - 1), one row per matrix of rank R's part: its stages, pieces
@@ -113,7 +126,8 @@ transport and buffers, and beside the plan's model figures.
                           execute_s, predicted_s, predicted_direct_s, lower_bound_s, bytes_checked
 
 Topology, planning and input options are those of `fasta2a plan` (--servers, --gpus, --scaleup,
---decomposer, --granule, --alpha, --max-plan-bytes, --matrix/--index/--all/--unit, --uniform,
+--decomposer, --granule, --alpha, --max-plan-bytes, --staging-budget, --staging-fraction (default
+0.25 here, as the engine's), --staging-slots, --matrix/--index/--all/--unit, --uniform,
 --zipf, --hotspot/--hot-share, --lognormal, --bytes-per-rank, --seed). One process holds every
 rank's buffers: size --unit or --bytes-per-rank to the machine's memory.
 Exit status: 0 every byte arrived; 1 a byte was wrong or a plan failed verification (a bug);
@@ -268,7 +282,16 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       const bytes_t b = fa::parse_bytes(value(), flag);
       o.max_plan_bytes =
           static_cast<std::size_t>(std::min<bytes_t>(b, std::numeric_limits<std::size_t>::max()));
-    } else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
+    } else if (flag == "--staging-budget") {
+      o.staging_budget = fa::parse_bytes(value(), flag);
+      if (o.staging_budget == 0) throw fa::error("--staging-budget must be at least 1 byte, got 0 (leave it out for none)");
+    } else if (flag == "--staging-fraction") {
+      const std::string_view v = value();
+      o.staging_fraction = parse_real(flag, v);
+      if (!(o.staging_fraction >= 0) || !std::isfinite(o.staging_fraction))
+        throw fa::error("--staging-fraction must be 0 (none) or above, got " + std::string(v));
+    } else if (flag == "--staging-slots") o.staging_slots = static_cast<std::uint32_t>(parse_positive_int(flag, value()));
+    else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rank")
       o.rank = static_cast<rank_t>(parse_uint(flag, value(), static_cast<std::uint64_t>(std::numeric_limits<rank_t>::max())));
     else if (flag == "--matrix") {

@@ -46,6 +46,12 @@ struct options {
   bytes_t granule = 1;
   double alpha_s = 10e-6; // --alpha is given in microseconds; parse_options converts it, once
   std::size_t max_plan_bytes = fa::plan_options{}.max_plan_bytes;
+  /// --staging-budget B: plan_options::staging_budget (0: none). --staging-fraction F: the budget
+  /// as F of the call's largest buffer (engine_options::staging_fraction; 0: none; negative: the
+  /// command's default, the engine's 0.25 for run and none for plan). --staging-slots K.
+  bytes_t staging_budget = 0;
+  double staging_fraction = -1;
+  std::uint32_t staging_slots = fa::plan_options{}.staging_slots;
   unsigned repeat = 5;
   /// --rank R: plan only rank R's part (planner::make_rank_into), never the whole plan nor the
   /// baselines; -1: the whole plan. Checked against the ranks in plan_command, which knows S x G.
@@ -101,7 +107,16 @@ inline fa::decomposer_params decomposer_params_of(const fa::scaleout_model& scal
 inline fa::plan_options planning_options(const options& o) {
   fa::plan_options p{o.granule, o.max_plan_bytes};
   if (o.adaptive) p.direct_if_faster_alpha = o.alpha_s;
+  p.staging_budget = o.staging_budget;
+  p.staging_slots = o.staging_slots;
   return p;
+}
+
+/// The staging budget `fasta2a plan` plans matrix t with: --staging-fraction of its largest buffer
+/// as the engine computes it, else --staging-budget (0: none).
+inline bytes_t staging_budget_of(const options& o, const fa::traffic_view& t) {
+  if (o.staging_fraction <= 0) return o.staging_budget;
+  return fa::staging_budget_for(fa::largest_buffer(t), o.staging_fraction, planning_options(o));
 }
 
 } // namespace cli

@@ -167,8 +167,10 @@ template <fa::Topology Topo> int plan_rank_on(const Topo& topo, const options& o
     const fa::traffic_matrix& t = w.matrices[k];
     rank_row r;
     r.checked = "own messages";
+    const bytes_t budget = staging_budget_of(o, t);
     r.synthesis_rank_us = std::visit(
         [&](auto& p) {
+          p.set_staging_budget(budget);
           const double us = timed_make(p, t, view, o.repeat, R);
           using D = typename decomposer_of<std::remove_cvref_t<decltype(p)>>::type;
           const fa::verify_result v = fa::verify_rank_view(view, t, fa::verify_options{.exact_lower_bound = D::exact});
@@ -294,8 +296,10 @@ template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
     const bool draw = first && !o.svg_path.empty();
 
     row r;
+    r.staging_budget = staging_budget_of(o, t);
     r.synthesis_us = std::visit(
         [&](auto& p) {
+          p.set_staging_budget(r.staging_budget);
           r.synthesis_rank_us = timed_make(p, t, fast_plan, o.repeat, 0);
           const double us = timed_make(p, t, fast_plan, o.repeat);
           using D = typename decomposer_of<std::remove_cvref_t<decltype(p)>>::type;
@@ -320,9 +324,14 @@ template <fa::Topology Topo> int plan_on(const Topo& topo, const options& o) {
     r.scaleup_bytes = fast_plan.scaleup_bytes;
     r.decomposer = fast_plan.decomposer;
     r.choice = fast_plan.choice;
-    for (bytes_t b : fast_plan.staging_bytes) {
+    r.staging_ring = fast_plan.staging_ring;
+    for (rank_t x = 0; x < n; ++x) {
+      const bytes_t b = fast_plan.staging_bytes[static_cast<std::size_t>(x)];
+      const bytes_t own = std::max<bytes_t>(t.row(x).sum(), t.col(x).sum());
       r.staging_max = std::max(r.staging_max, b);
       r.staging_sum += static_cast<long double>(b);
+      r.buffer_max = std::max(r.buffer_max, own);
+      if (b > 0) r.staging_over_own_max = std::max(r.staging_over_own_max, own == 0 ? INFINITY : static_cast<double>(b) / static_cast<double>(own));
     }
     const fa::lower_bounds lb = fa::lower_bound(topo, t);
     r.lower_bound_s = lb.overall_s();

@@ -83,6 +83,10 @@ void write_report_line(std::ostream& os, const row& r) {
       .field("synthesis_rank_us", r.synthesis_rank_us)
       .field("decomposer", r.decomposer)
       .field("choice", r.choice)
+      .field("staging_budget", r.staging_budget)
+      .field("staging_ring", r.staging_ring)
+      .field("buffer_bytes_max", r.buffer_max)
+      .field("staging_over_own_buffer_max", r.staging_over_own_max)
       .end_object();
   os << line << '\n';
 }

@@ -47,6 +47,10 @@ struct row {
   long double staging_sum = 0; // all ranks' buffers: a sum that may pass 64 bits, shown in MiB only
   double lower_bound_s = 0, lower_bound_alpha_s = 0, fast_s = 0, spread_s = 0, direct_s = 0, synthesis_us = 0, synthesis_rank_us = 0;
   std::string decomposer, choice; // which schedule the FAST plan uses, and why (adaptive choices)
+  bytes_t staging_budget = 0;      // the plan's (0: none)
+  std::uint32_t staging_ring = 0;  // slots per ring where staging is shared
+  bytes_t buffer_max = 0;          // the most bytes any rank sends or receives
+  double staging_over_own_max = 0; // the largest of any rank's staging over its own larger buffer
 };
 
 /// The two header lines of the `fasta2a plan` table.

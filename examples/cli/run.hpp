@@ -28,6 +28,8 @@ inline fa::engine_options engine_options_of(const options& o) {
   e.planning = planning_options(o);
   e.rail_window = o.rail_window;
   e.timeout = o.timeout;
+  if (o.staging_fraction == 0) e.staging_fraction.reset();
+  else if (o.staging_fraction > 0) e.staging_fraction = o.staging_fraction;
   return e;
 }
 

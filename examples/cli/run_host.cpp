@@ -173,7 +173,11 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
     const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
     const fa::plan_options popt{o.granule, o.max_plan_bytes};
     const double model_fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
-      return fa::predict(topo, fa::planner<Topo, decltype(dec)>(topo, planning_options(o), dec).make(t), cp).total_s;
+      // The plan the engine made: with the engine's staging budget for this call.
+      const fa::engine_options eo = engine_options_of(o);
+      fa::plan_options po = planning_options(o);
+      if (eo.staging_fraction) po.staging_budget = fa::staging_budget_for(fa::largest_buffer(t), *eo.staging_fraction, po);
+      return fa::predict(topo, fa::planner<Topo, decltype(dec)>(topo, po, dec).make(t), cp).total_s;
     });
     const double model_direct = fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s;
     const double lb = fa::lower_bound(topo, t).overall_s();

@@ -209,6 +209,9 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--iters", num(o.iters)},
           {"--timeout", num(o.timeout.count())},
           {"--rail-window", num(o.rail_window)},
+          {"--staging-budget", num(o.staging_budget)},
+          {"--staging-fraction", strf("%a", o.staging_fraction)},
+          {"--staging-slots", num(o.staging_slots)},
           {"--compare-mpi", num(o.compare_mpi)},
           {"--dump-program", num(o.dump_program)}};
 }

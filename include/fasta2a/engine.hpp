@@ -645,17 +645,12 @@ private:
     return h.value();
   }
 
-  // This call's staging budget (engine_options::staging_fraction): the same on every rank, from
-  // the gathered headers; at least one granule per slot, at most planning.staging_budget if set.
+  // This call's staging budget (engine_options::staging_fraction, staging_budget_for): the same on
+  // every rank, from the gathered headers.
   bytes_t staging_budget() const noexcept {
     std::uint64_t largest = 0;
     for (rank_t r = 0; r < n_; ++r) largest = std::max(largest, word(r, h_buffer));
-    const long double want = static_cast<long double>(largest) * static_cast<long double>(*opt_.staging_fraction);
-    bytes_t b = want >= 1.8e19L ? ~bytes_t{0} : static_cast<bytes_t>(want);
-    const bytes_t least = 2 * static_cast<bytes_t>(opt_.planning.staging_slots) * opt_.planning.granule;
-    b = std::max(b, least);
-    if (opt_.planning.staging_budget > 0) b = std::min(b, opt_.planning.staging_budget);
-    return b;
+    return staging_budget_for(largest, *opt_.staging_fraction, opt_.planning);
   }
 
   std::string check_arguments(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,

@@ -49,6 +49,34 @@ struct plan_options {
   std::uint32_t staging_slots = 4;
 };
 
+/// The staging budget of a call whose largest buffer (the most bytes any rank sends or receives)
+/// is `largest`: `fraction` of it, at least one granule per slot (2 x staging_slots granules), and
+/// at most opt.staging_budget where that is set. What the engine plans each call with
+/// (engine_options::staging_fraction) and `fasta2a plan --staging-fraction` shows.
+inline bytes_t staging_budget_for(bytes_t largest, double fraction, const plan_options& opt) noexcept {
+  const long double want = static_cast<long double>(largest) * static_cast<long double>(fraction);
+  bytes_t b = want >= 1.8e19L ? ~bytes_t{0} : static_cast<bytes_t>(want);
+  b = std::max(b, 2 * static_cast<bytes_t>(opt.staging_slots) * opt.granule);
+  if (opt.staging_budget > 0) b = std::min(b, opt.staging_budget);
+  return b;
+}
+
+/// The largest buffer of a traffic matrix: the most bytes any rank sends or receives (wraps past
+/// 2^64, which a matrix the planner accepts does not reach).
+inline bytes_t largest_buffer(const traffic_view& t) {
+  const auto n = static_cast<std::size_t>(t.rows());
+  std::vector<bytes_t> in(n, 0);
+  bytes_t most = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bytes_t out = 0;
+    const bytes_t* row = t.data() + i * static_cast<std::size_t>(t.outerStride());
+    for (std::size_t j = 0; j < n; ++j) out += row[j], in[j] += row[j];
+    most = std::max(most, out);
+  }
+  for (bytes_t x : in) most = std::max(most, x);
+  return most;
+}
+
 /// Rail capacities of one server pair carrying V bytes over G rails: each rail gets the same
 /// multiple of the granule, and the remainder goes one granule at a time (the last part smaller)
 /// to the rails in order of their diagonal entry, largest first, ties to the lower rail: diag[k *
@@ -414,7 +442,8 @@ private:
   void share_staging(plan& p) {
     bytes_t most = 0;
     for (bytes_t b : p.staging_bytes) most = std::max(most, b);
-    if (most <= opt_.staging_budget || stages_.size() == 0) return;
+    // One GPU per server stages nothing (every rail hop is its own source's and destination's).
+    if (most <= opt_.staging_budget || stages_.size() == 0 || p.gpus_per_server == 1) return;
     const bytes_t K = opt_.staging_slots, g = opt_.granule;
     if (K == 0) throw error("plan_options::staging_slots must be at least 1");
     bytes_t w = opt_.staging_budget / (2 * K) / g * g;
