@@ -82,7 +82,10 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          -fi-wfc forces the signal ordering "wait for the puts' completions"
                          (where -fi takes the provider's order when it offers one); -cut (fast-cut) has
                          the MPI transport cut its messages below Open MPI's TCP "put" pipeline where
-                         that is on (mpi_transport_options::avoid_tcp_put_pipeline)
+                         that is on (mpi_transport_options::avoid_tcp_put_pipeline); -stagingP
+                         (fast-staging10) sets the engine's staging budget to P% of the largest
+                         buffer (engine_options::staging_fraction; -staging0: no budget, staging as
+                         large as the plan's own layout); without it the engine's default, 25%
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
@@ -346,7 +349,8 @@ public:
   /// transport or (fi) the libfabric transport.
   template <fa::Decomposer D>
   result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc,
-                    bool cut) {
+                    bool cut, const engine_method& em) {
+    staging_ = em.staging_given ? em.staging_fraction : fa::engine_options{}.staging_fraction;
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
     fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = cut});
     if (me_ == 0 && tr.max_message_bytes() < (std::size_t{1} << 30))
@@ -388,7 +392,8 @@ public:
         topo, boot, tr, out,
         {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha},
          .timeout = call_timeout,
-         .rail_window = o_.rail_window},
+         .rail_window = o_.rail_window,
+         .staging_fraction = staging_},
         std::move(dec));
     result r = measure(
         method,
@@ -408,6 +413,7 @@ private:
   rank_t me_, n_;
   layout l_;
   std::vector<std::byte> send_, recv_;
+  std::optional<double> staging_; // the engine's staging_fraction for the method being run
 };
 
 int run(int argc, char** argv) {
@@ -462,7 +468,7 @@ int run(int argc, char** argv) {
       const std::optional<double> direct_if_faster_alpha =
           e.adaptive ? std::optional<double>(dp.scaleout.alpha_s) : std::nullopt;
       results.push_back(fa::with_decomposer(e.decomposer, dp, [&](auto dec) {
-        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.cut);
+        return b.run_engine(m, std::move(dec), direct_if_faster_alpha, e.fi, e.wfc, e.cut, e);
       }));
     }
   }

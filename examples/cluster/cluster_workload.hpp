@@ -7,6 +7,7 @@
 #include <fasta2a/registry.hpp>
 #include <fasta2a/traffic.hpp>
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,6 +56,10 @@ struct engine_method {
   bool fi = false;  ///< scale-out over the libfabric transport (scale-up over MPI)
   bool wfc = false; ///< with fi: signal ordering wait_for_completion, whatever the provider offers
   bool cut = false; ///< the MPI transport cuts messages below Open MPI's TCP put pipeline (avoid_tcp_put_pipeline)
+  /// -stagingP: engine_options::staging_fraction P / 100 (P = 0: none, staging unlimited as before
+  /// issue 13); without the suffix the engine's default (0.25).
+  std::optional<double> staging_fraction{};
+  bool staging_given = false;
 };
 
 /// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
@@ -62,7 +67,17 @@ struct engine_method {
 /// "fast" is birkhoff (the paper's FAST) and "fast-adaptive" birkhoff with direct sending where
 /// faster. The "fast" forms are the method names of the recorded results and scripts.
 inline std::optional<engine_method> engine_method_of(std::string_view m) {
-  bool fi = false, wfc = false, cut = false;
+  bool fi = false, wfc = false, cut = false, staging_given = false;
+  std::optional<double> staging;
+  if (const auto at = m.rfind("-staging"); at != std::string_view::npos) {
+    const std::string_view pct = m.substr(at + 8);
+    unsigned p = 0;
+    const auto [end, ec] = std::from_chars(pct.data(), pct.data() + pct.size(), p);
+    if (ec != std::errc() || end != pct.data() + pct.size() || pct.empty()) return std::nullopt;
+    staging_given = true;
+    if (p > 0) staging = p / 100.0;
+    m = m.substr(0, at);
+  }
   if (m.ends_with("-cut")) {
     cut = true;
     m.remove_suffix(4);
@@ -85,6 +100,8 @@ inline std::optional<engine_method> engine_method_of(std::string_view m) {
     e->fi = fi;
     e->wfc = wfc;
     e->cut = cut;
+    e->staging_fraction = staging;
+    e->staging_given = staging_given;
   }
   return e;
 }
