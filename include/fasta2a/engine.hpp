@@ -1625,6 +1625,14 @@ private:
     auto last = std::chrono::steady_clock::now();
     while (bal < T || rail < T || redist < T || rel_out < released || rel_in < released) {
       bool moved = false;
+      // Stages whose rail sends have left no longer count against the window, in any order (one
+      // slow flow into a busy receiver holds one slot, not the whole window), and release their
+      // balance slots: checked after the last rail stage too.
+      std::erase_if(leaving_, [&](std::size_t t) {
+        const bool gone = out_conn_->sent(rail_peer_[t], engine_channel::rail, rail_count_[t]);
+        moved |= gone;
+        return gone;
+      });
       while (bal < T && bal < rail + W) {
         const auto credits = pg.at(sec::credit_balance, bal);
         while (cb_i < credits.size() && take(credits[cb_i])) ++cb_i, moved = true;
@@ -1639,13 +1647,6 @@ private:
         while (bal_i < waits.size() && take(waits[bal_i])) ++bal_i, moved = true;
         const auto credits = pg.at(sec::credit_rail, rail);
         while (cr_i < credits.size() && take(credits[cr_i])) ++cr_i, moved = true;
-        // Stages whose rail sends have left no longer count against the window, in any order:
-        // one slow flow (into a busy receiver) holds one slot, not the whole window.
-        std::erase_if(leaving_, [&](std::size_t t) {
-          const bool gone = out_conn_->sent(rail_peer_[t], engine_channel::rail, rail_count_[t]);
-          moved |= gone;
-          return gone;
-        });
         if (bal_i == waits.size() && cr_i == credits.size() && leaving_.size() < W) {
           post_rail(rail);
           ++rail;

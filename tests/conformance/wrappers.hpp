@@ -25,6 +25,9 @@ struct probe {
   std::chrono::milliseconds late{0}; ///< the next put first sleeps this long (once: a late peer)
   std::chrono::microseconds max_delay{0}; ///< a random pause of [0, max_delay) before each operation
   double delay_probability = 0.5;
+  /// sent() says "not yet" with this probability on each poll, whatever the transport says: sends
+  /// that leave late (a transport whose puts complete asynchronously, as MPI's and RDMA's do).
+  double unsent_probability = 0;
   std::mt19937_64 rng{1};
   // Counts.
   long registrations = 0, deregistrations = 0, deserialized = 0, forgotten = 0, connections = 0;
@@ -42,6 +45,7 @@ struct probe {
 inline probe delaying_probe(std::chrono::microseconds max_delay, std::uint64_t seed) {
   probe p;
   p.max_delay = max_delay;
+  p.unsent_probability = max_delay.count() > 0 ? 0.5 : 0;
   p.rng.seed(seed);
   return p;
 }
@@ -84,7 +88,12 @@ public:
       return c_.wait(peer, ch, count, timeout);
     }
     bool test(rank_t peer, channel_id ch, std::uint64_t count) { return c_.test(peer, ch, count); }
-    bool sent(rank_t peer, channel_id ch, std::uint64_t count) { return !p_->stuck && c_.sent(peer, ch, count); }
+    bool sent(rank_t peer, channel_id ch, std::uint64_t count) {
+      if (p_->stuck) return false;
+      if (p_->unsent_probability > 0 && std::uniform_real_distribution<double>(0.0, 1.0)(p_->rng) < p_->unsent_probability)
+        return false;
+      return c_.sent(peer, ch, count);
+    }
     void flush() {
       p_->pause();
       c_.flush();
