@@ -53,7 +53,7 @@ Planning:
                           sends or receives), at least a granule per slot, at most --staging-budget
                           if given: what the engine does per call (engine_options::staging_fraction).
                           plan's default: none; run's default: the engine's, 0.25; 0 turns it off
-  --staging-slots K       slots per staging ring where staging is shared (default 4)
+  --staging-slots K       slots per staging ring where staging is shared (default 8)
   --repeat N              synthesis time = median of N plannings of one matrix (default 5)
   --rank R                plan only rank R's part (what rank R computes per call), never the whole
                           plan nor the baselines: memory is the matrix plus one rank's part, so

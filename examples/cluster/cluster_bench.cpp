@@ -85,7 +85,8 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
                          that is on (mpi_transport_options::avoid_tcp_put_pipeline); -stagingP
                          (fast-staging10) sets the engine's staging budget to P% of the largest
                          buffer (engine_options::staging_fraction; -staging0: no budget, staging as
-                         large as the plan's own layout); without it the engine's default, 25%
+                         large as the plan's own layout); without it the engine's default, 25%;
+                         -slotsK after it (fast-staging25-slots2) sets plan_options::staging_slots
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
@@ -351,6 +352,7 @@ public:
   result run_engine(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha, bool fi, bool wfc,
                     bool cut, const engine_method& em) {
     staging_ = em.staging_given ? em.staging_fraction : fa::engine_options{}.staging_fraction;
+    slots_ = em.staging_slots ? em.staging_slots : fa::plan_options{}.staging_slots;
     fa::mpi_bootstrap boot(MPI_COMM_WORLD);
     fa::mpi_transport tr(MPI_COMM_WORLD, {.avoid_tcp_put_pipeline = cut});
     if (me_ == 0 && tr.max_message_bytes() < (std::size_t{1} << 30))
@@ -390,7 +392,7 @@ public:
     // its lifetime, an engine over its own calls.
     fa::engine<fa::two_tier_topology, fa::mpi_bootstrap, Up, Out, D> eng(
         topo, boot, tr, out,
-        {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha},
+        {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha, .staging_slots = slots_},
          .timeout = call_timeout,
          .rail_window = o_.rail_window,
          .staging_fraction = staging_},
@@ -414,6 +416,7 @@ private:
   layout l_;
   std::vector<std::byte> send_, recv_;
   std::optional<double> staging_; // the engine's staging_fraction for the method being run
+  std::uint32_t slots_ = 4;       // and its plan_options::staging_slots
 };
 
 int run(int argc, char** argv) {

@@ -60,6 +60,7 @@ struct engine_method {
   /// issue 13); without the suffix the engine's default (0.25).
   std::optional<double> staging_fraction{};
   bool staging_given = false;
+  std::uint32_t staging_slots = 0; ///< -slotsK: plan_options::staging_slots (0: the default)
 };
 
 /// The engine method a --methods entry names, or nothing if it names none (mpi, isend and
@@ -69,6 +70,13 @@ struct engine_method {
 inline std::optional<engine_method> engine_method_of(std::string_view m) {
   bool fi = false, wfc = false, cut = false, staging_given = false;
   std::optional<double> staging;
+  std::uint32_t slots = 0;
+  if (const auto at = m.rfind("-slots"); at != std::string_view::npos) {
+    const std::string_view k = m.substr(at + 6);
+    const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), slots);
+    if (ec != std::errc() || end != k.data() + k.size() || k.empty() || slots == 0) return std::nullopt;
+    m = m.substr(0, at);
+  }
   if (const auto at = m.rfind("-staging"); at != std::string_view::npos) {
     const std::string_view pct = m.substr(at + 8);
     unsigned p = 0;
@@ -102,6 +110,7 @@ inline std::optional<engine_method> engine_method_of(std::string_view m) {
     e->cut = cut;
     e->staging_fraction = staging;
     e->staging_given = staging_given;
+    e->staging_slots = slots;
   }
   return e;
 }
