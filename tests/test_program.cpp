@@ -104,19 +104,28 @@ void make_buffers(const plan& p, const traffic_matrix& t, const test_layout& L, 
   }
 }
 
+/// Every rank's program of a plan and its buffers (make_buffers).
+struct world {
+  std::vector<rank_program> prog;
+  std::vector<std::vector<std::byte>> send, recv, staging;
+  world(const plan& p, const traffic_matrix& t, const test_layout& L) : prog(static_cast<std::size_t>(p.ranks())) {
+    program_builder<test_layout> b;
+    for (rank_t r = 0; r < p.ranks(); ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
+    make_buffers(p, t, L, send, recv, staging);
+  }
+  std::vector<std::byte>& buf(std::size_t r, buffer_id id) {
+    return id == buffer_id::send ? send[r] : id == buffer_id::recv ? recv[r] : staging[r];
+  }
+};
+
 /// Runs every rank's program over byte arrays; returns "" or what went wrong.
 std::string interpret(const plan& p, const traffic_matrix& t, const test_layout& L, std::size_t* puts = nullptr,
                       std::size_t* pieces = nullptr) {
   const rank_t n = p.ranks();
-  const auto N = static_cast<std::size_t>(n);
-  std::vector<rank_program> prog(N);
-  program_builder<test_layout> b;
-  for (rank_t r = 0; r < n; ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
-  std::vector<std::vector<std::byte>> send, recv, staging;
-  make_buffers(p, t, L, send, recv, staging);
-  auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& {
-    return id == buffer_id::send ? send[r] : id == buffer_id::recv ? recv[r] : staging[r];
-  };
+  world w(p, t, L);
+  const std::vector<rank_program>& prog = w.prog;
+  const std::vector<std::vector<std::byte>>& recv = w.recv;
+  auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& { return w.buf(r, id); };
   // Expects per (receiver, sender, tier, channel), in posting order; puts consume them in order.
   using key = std::tuple<rank_t, rank_t, int, channel_id>;
   std::map<key, std::vector<instr>> expects;
@@ -190,15 +199,10 @@ std::string interpret_shuffled(const plan& p, const traffic_matrix& t, const tes
                                bool ignore_credits = false) {
   using sec = rank_program::section;
   const rank_t n = p.ranks();
-  const auto N = static_cast<std::size_t>(n);
-  std::vector<rank_program> prog(N);
-  program_builder<test_layout> b;
-  for (rank_t r = 0; r < n; ++r) b.build(p, r, L, prog[static_cast<std::size_t>(r)]);
-  std::vector<std::vector<std::byte>> send, recv, staging;
-  make_buffers(p, t, L, send, recv, staging);
-  auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& {
-    return id == buffer_id::send ? send[r] : id == buffer_id::recv ? recv[r] : staging[r];
-  };
+  world w(p, t, L);
+  const std::vector<rank_program>& prog = w.prog;
+  const std::vector<std::vector<std::byte>>& recv = w.recv;
+  auto buf = [&](std::size_t r, buffer_id id) -> std::vector<std::byte>& { return w.buf(r, id); };
   using key = std::tuple<rank_t, rank_t, int, channel_id>; // receiver, sender, tier, channel
   std::map<key, std::uint64_t> got, taken;
   std::ostringstream err;
@@ -230,7 +234,7 @@ std::string interpret_shuffled(const plan& p, const traffic_matrix& t, const tes
   struct cursors {
     std::size_t bal = 0, rail = 0, redist = 0, rel_out = 0, rel_in = 0;
   };
-  std::vector<cursors> c(N);
+  std::vector<cursors> c(static_cast<std::size_t>(n));
   std::mt19937_64 rng(seed);
   std::vector<std::pair<rank_t, int>> can;
   for (;;) {
