@@ -71,7 +71,7 @@ py() {
   "$python" -c "$script" "$@" || fail "python check failed: ${script:0:80}... $*"
 }
 
-report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","lower_bound_alpha_s","predicted_s","predicted_over_lower_bound_alpha","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us","decomposer","choice"}'
+report_keys='{"index","ranks","servers","gpus","bytes","stages","scaleup_bytes","staging_bytes","lower_bound_s","lower_bound_alpha_s","predicted_s","predicted_over_lower_bound_alpha","predicted_spreadout_s","predicted_direct_s","synthesis_us","synthesis_rank_us","decomposer","choice","staging_budget","staging_ring","buffer_bytes_max","staging_over_own_buffer_max"}'
 
 # check_report FILE LINES RANKS SERVERS GPUS BYTES: every line is a JSON object with exactly the
 # report's keys and the given shape, and the model's predictions respect the lower bound.
@@ -89,6 +89,11 @@ for k, r in enumerate(rows):
     for key in ('predicted_s', 'predicted_spreadout_s', 'predicted_direct_s'):
         assert r[key] >= lb * (1 - 1e-9), f'line {k}: {key} {r[key]} below the lower bound {lb}'
     assert r['synthesis_us'] > 0 and r['synthesis_rank_us'] > 0 and r['stages'] >= 0 and r['staging_bytes'] >= 0
+    # Staging: within the budget where one is set (and shared only then); the largest buffer holds every rank's bytes.
+    assert r['staging_budget'] >= 0 and r['staging_ring'] >= 0 and r['staging_over_own_buffer_max'] >= 0, r
+    if r['staging_budget'] == 0: assert r['staging_ring'] == 0, r
+    if r['staging_ring'] > 0: assert r['staging_bytes'] <= r['staging_budget'], r
+    assert r['buffer_bytes_max'] <= r['bytes'] and (r['bytes'] == 0 or r['buffer_bytes_max'] * r['ranks'] >= r['bytes']), r
     # LB_alpha: at least LB, and a staged plan (one stage per server peer at least) is above it.
     assert r['lower_bound_alpha_s'] >= lb * (1 - 1e-9), r
     if r['decomposer'] != 'direct':
@@ -168,6 +173,20 @@ assert all(r['bytes'] == 32 * 8192 * 8192 for r in rows)
     check_plan_json "$work/all.json" 4 8
     # The plan written with --all is the first matrix's: the same as planning matrix 0 alone.
     cmp -s "$work/all.json" "$work/plan.json" || fail "--all --json did not write matrix 0's plan"
+  fi
+  # The engine's default staging budget on the trace: a quarter of each matrix's largest buffer,
+  # every plan verified (exit 0), staging shared where the plan's own layout needs more.
+  if expect_ok plan --servers 4 --gpus 8 --matrix "$megatron" --unit 8192 --granule 8192 --all --repeat 1 \
+      --staging-fraction 0.25 --report "$work/budget.jsonl"; then
+    check_report "$work/budget.jsonl" 600 32 4 8 -1
+    py "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    assert r['staging_budget'] == r['buffer_bytes_max'] // 4, r
+    assert r['staging_bytes'] <= r['buffer_bytes_max'] / 4, r
+assert sum(r['staging_ring'] > 0 for r in rows) >= 500, 'staging was shared on too few matrices'
+" "$work/budget.jsonl"
   fi
   # A trace file whose name needs escaping in XML still gives a well-formed SVG.
   odd="$work/odd & <name> \"quoted\" 'x'.txt"

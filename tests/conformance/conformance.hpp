@@ -425,9 +425,17 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
   SUBCASE("engine: staging shared within tight budgets (slots reused, credits) is byte-exact and within budget") {
     std::mt19937_64 rng(4242);
     const rank_t fixed = W::ranks(0);
+    // Shapes that stage: at least 2 servers of at least 2 GPUs (one GPU per server, or one server,
+    // stages nothing). A fixed world without one (2 or a prime number of ranks) has nothing to share.
+    std::vector<int> staging_shapes;
+    if (fixed)
+      for (int s : server_counts(fixed))
+        if (s >= 2 && fixed / s >= 2) staging_shapes.push_back(s);
+    const int iters = fixed && staging_shapes.empty() ? 0 : 8;
+    if (iters == 0) MESSAGE("skipped: " << fixed << " ranks make no shape of 2 or more servers of 2 or more GPUs");
     std::atomic<int> shared{0};
-    for (int iter = 0; iter < 8; ++iter) {
-      const int S = fixed ? server_counts(fixed)[static_cast<std::size_t>(iter) % server_counts(fixed).size()]
+    for (int iter = 0; iter < iters; ++iter) {
+      const int S = fixed ? staging_shapes[static_cast<std::size_t>(iter) % staging_shapes.size()]
                           : 2 + static_cast<int>(rng() % 3);
       const int G = fixed ? fixed / S : 2 + static_cast<int>(rng() % 3);
       CAPTURE(S);
@@ -457,7 +465,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
         }
       }, timeout));
     }
-    CHECK(shared.load() >= 8); // counted on every rank (of this process): most calls had to share staging
+    CHECK(shared.load() >= (iters > 0 ? 8 : 0)); // counted on every rank (of this process): most calls had to share staging
   }
 
   SUBCASE("engine: two engines on the same transports, calls interleaved, byte-exact") {
