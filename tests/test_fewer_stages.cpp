@@ -676,7 +676,7 @@ TEST_CASE("factorized.every_pair_in_exactly_one_stage_of_weight_its_stage_maximu
   static_assert(Decomposer<factorized_decomposer>);
   static_assert(!factorized_decomposer::exact && factorized_decomposer::staged);
   std::mt19937_64 rng(1313);
-  factorized_decomposer dec;
+  factorized_decomposer dec(scaleout_model{}, 0); // the D-colour colouring alone
   stage_list out;
   for (int iter = 0; iter < 400; ++iter) {
     const int S = 1 + static_cast<int>(rng() % (iter < 300 ? 12 : 70));
@@ -737,10 +737,14 @@ TEST_CASE("factorized.the_radix_and_comparison_sorts_of_entries_agree") {
   // a comparison sort where they do not. Every choice the decomposer makes compares values or sums
   // of value differences, so scaling M by 2^40 (values past 2^50: the comparison sort) must give
   // the same stages, weights scaled, as M itself (the radix sort, or a sort of packed keys under
-  // 1024 entries). Many ties (values from a small set) test the order among equal values.
+  // 1024 entries). Many ties (values from a small set) test the order among equal values. The
+  // choice between the D-colour and spare-colour colourings compares model times: at alpha = 0 that
+  // scales with M too (by a power of two, exactly), and spare = 0 skips it.
   std::mt19937_64 rng(2024);
-  for (int iter = 0; iter < 40; ++iter) {
-    const int S = std::array{5, 20, 40, 70}[iter % 4];
+  for (int iter = 0; iter < 80; ++iter) {
+    const factorized_decomposer dec = iter % 4 < 2 ? factorized_decomposer(scaleout_model{0.0, 50e9})
+                                                   : factorized_decomposer(scaleout_model{}, 0);
+    const int S = std::array{5, 20, 40, 70}[(iter / 4) % 4];
     server_matrix m = server_matrix::Zero(S, S);
     for (int i = 0; i < S; ++i)
       for (int j = 0; j < S; ++j)
@@ -748,8 +752,8 @@ TEST_CASE("factorized.the_radix_and_comparison_sorts_of_entries_agree") {
     const server_matrix big = m * (bytes_t{1} << 40);
     CAPTURE(iter);
     stage_list a, b;
-    factorized_decomposer{}.decompose(m, a);
-    factorized_decomposer{}.decompose(big, b);
+    factorized_decomposer(dec).decompose(m, a);
+    factorized_decomposer(dec).decompose(big, b);
     REQUIRE(a.size() == b.size());
     CHECK(a.perms == b.perms);
     for (std::size_t t = 0; t < a.size(); ++t) CHECK(b.weights[t] == a.weights[t] << 40);
@@ -775,4 +779,118 @@ TEST_CASE("factorized.a_matrix_made_of_permutations_of_equal_entries_is_found_ex
   }
 }
 
-TEST_CASE("planner.factorized_plans_verify") { plans_verify<factorized_decomposer>(4242, false); }
+// The checks every factorized colouring passes, with or without spare colours: each stage a partial
+// permutation that weighs its largest entry, heaviest first, every pair with bytes in exactly one
+// stage (so its bytes are covered), from D to D + spare stages. Returns the stage count.
+static std::size_t check_colouring(const server_matrix& m, const stage_list& out, int spare) {
+  const int S = static_cast<int>(m.rows());
+  const coverage_report r = check_stages(m, out);
+  CHECK(r.permutations);
+  CHECK(r.covered);
+  CHECK(out.servers == S);
+  CHECK(out.size() >= static_cast<std::size_t>(max_degree(m)));
+  CHECK(out.size() <= static_cast<std::size_t>(max_degree(m) + (max_degree(m) > 0 ? spare : 0)));
+  server_matrix served = server_matrix::Zero(S, S);
+  for (std::size_t t = 0; t < out.size(); ++t) {
+    bytes_t largest = 0;
+    for (int s = 0; s < S; ++s)
+      if (const int d = out.perm(t)[s]; d >= 0 && d != s) {
+        CHECK(m(s, d) > 0);
+        ++served(s, d);
+        largest = std::max(largest, m(s, d));
+      }
+    CHECK(out.weights[t] == largest);
+    CHECK(out.weights[t] > 0);
+    if (t > 0) CHECK(out.weights[t] <= out.weights[t - 1]);
+  }
+  for (int s = 0; s < S; ++s)
+    for (int d = 0; d < S; ++d)
+      if (s != d) CHECK(served(s, d) == (m(s, d) > 0 ? 1 : 0));
+  CHECK(r.total >= max_line_sum(m));
+  return out.size();
+}
+
+TEST_CASE("factorized.spare_colours_never_slower_in_the_model_than_the_d_colour_colouring") {
+  // Up to compare_servers servers both colourings are made and the faster in the constructor's
+  // model kept: never slower than the D-colour colouring (spare = 0), in any model, and on some of
+  // these matrices (dense and uneven ones) strictly faster, with more stages than D.
+  std::mt19937_64 rng(2613);
+  int faster = 0;
+  stage_list plain, spare;
+  for (int iter = 0; iter < 300; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % (iter < 200 ? 16 : 70));
+    server_matrix m = random_server_matrix(rng, S);
+    if (iter % 3 == 0) // dense and uneven: where spare colours gain
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j)
+          if (i != j) m(i, j) = 1 + rng() % 4096 + (rng() % 8 == 0 ? rng() % 8192 : 0);
+    const scaleout_model net{std::array{0.0, 1e-9, 1e-7, 10e-6}[iter % 4], 50e9};
+    CAPTURE(iter);
+    CAPTURE(S);
+    factorized_decomposer(net, 0).decompose(m, plain);
+    factorized_decomposer dec(net);
+    dec.decompose(m, spare);
+    check_colouring(m, plain, 0);
+    const std::size_t stages = check_colouring(m, spare, dec.spare());
+    const double tp = net.stages_time(plain.weights), ts = net.stages_time(spare.weights);
+    CHECK(ts <= tp);
+    if (ts == tp) { // a tie keeps the D-colour colouring
+      CHECK(spare.weights == plain.weights);
+      CHECK(spare.perms == plain.perms);
+    }
+    if (ts < tp) {
+      ++faster;
+      CHECK(stages > static_cast<std::size_t>(max_degree(m)));
+    }
+    stage_list again; // deterministic: a fresh decomposer gives the same stages
+    factorized_decomposer(net).decompose(m, again);
+    CHECK(again.weights == spare.weights);
+    CHECK(again.perms == spare.perms);
+  }
+  CHECK(faster > 10);
+}
+
+TEST_CASE("factorized.above_compare_servers_one_colouring_with_spare_colours") {
+  // Past compare_servers only the spare-colour colouring is made: still a valid colouring, from D
+  // to D + spare stages, and the same for the same matrix.
+  std::mt19937_64 rng(99);
+  const int S = factorized_decomposer::compare_servers + 3;
+  server_matrix m = server_matrix::Zero(S, S);
+  for (int i = 0; i < S; ++i)
+    for (int j = 0; j < S; ++j)
+      if (i != j) m(i, j) = 1 + rng() % 100000;
+  factorized_decomposer dec;
+  stage_list a, b;
+  dec.decompose(m, a);
+  check_colouring(m, a, dec.spare());
+  factorized_decomposer{}.decompose(m, b);
+  CHECK(a.weights == b.weights);
+  CHECK(a.perms == b.perms);
+}
+
+TEST_CASE("factorized.configuration_is_checked_and_digested") {
+  CHECK_THROWS_AS(factorized_decomposer(scaleout_model{}, -1), error);
+  CHECK_THROWS_AS(factorized_decomposer(scaleout_model{}, 65), error);
+  CHECK_THROWS_AS(factorized_decomposer(scaleout_model{-1.0, 50e9}), error);
+  CHECK_THROWS_AS(factorized_decomposer(scaleout_model{10e-6, 0.0}), error);
+  CHECK(factorized_decomposer{}.spare() == factorized_decomposer::extra_stages);
+  CHECK(factorized_decomposer{}.digest() == factorized_decomposer(scaleout_model{}).digest());
+  CHECK(factorized_decomposer{}.digest() != factorized_decomposer(scaleout_model{}, 0).digest());
+  CHECK(factorized_decomposer{}.digest() != factorized_decomposer(scaleout_model{20e-6, 50e9}).digest());
+}
+
+TEST_CASE("planner.factorized_plans_verify") {
+  plans_verify<factorized_decomposer>(4242, false);
+  // The D-colour colouring alone (spare = 0) is planned as well.
+  std::mt19937_64 rng(4243);
+  plan p;
+  for (int iter = 0; iter < 30; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % 12);
+    const traffic_matrix t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, (rng() % 4096 + 1) * 4096, rng(), 4096);
+    CAPTURE(iter);
+    planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(S), {.granule = 4096},
+                                                         factorized_decomposer(scaleout_model{}, 0));
+    pl.make_into(t, p);
+    check_plan(p, t, false);
+  }
+}

@@ -35,8 +35,9 @@ Planning:
                           bottleneck (exact, max-min matchings: fewer stages), slack (exact,
                           padding decided stage by stage: the fewest exact stages), quantized
                           (weights in multiples of a quantum chosen from --alpha: bounded padding,
-                          far fewer stages), factorized (the fewest stages, each pair in one:
-                          pairs of similar size share a stage), best (whichever of those five or
+                          far fewer stages), factorized (the fewest stages, or up to 4 more where
+                          --alpha's model says faster; each pair in one, pairs of similar size
+                          sharing a stage), best (whichever of those five or
                           spread-out the scale-out model predicts fastest),
                           spread-out, direct
   --adaptive              also predict direct sending, and send directly where that is faster

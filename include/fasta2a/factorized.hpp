@@ -1,4 +1,5 @@
-// fasta2a: a decomposer with the fewest stages any schedule can have, each pair served whole.
+// fasta2a: a decomposer with the fewest stages any schedule can have (or a few more where the
+// scale-out model predicts that faster), each pair served whole.
 //
 // Where every server pair carries traffic, no schedule has fewer than S - 1 stages (a stage serves
 // at most one peer of each server), so at a large alpha per stage the scale-out time is bounded by
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -39,13 +41,28 @@ namespace fasta2a {
 ///    found stop early, and pairs of stages unchanged since a fruitless scan are not walked again.
 ///
 /// Promises: each stage a partial permutation (-1: idle); every pair (s, d) with M(s, d) > 0 is
-/// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); at most D
-/// stages, heaviest first; the same matrix gives the same stages (no randomness; ties broken by
-/// index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
+/// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); from D to
+/// D + spare stages (below; exactly D with spare = 0), heaviest first; the same matrix and model
+/// give the same stages (no randomness; ties broken by index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
 /// over k of the largest k-th entry of any line). Cost: a radix sort of the S^2 entries (packed
 /// 64-bit keys: value above pair), O(S / 64) words per entry placed (bit rows of free stages), plus
-/// the swaps and the capped local search; measured in bench_stages --lb-alpha. Scratch (about 52
-/// bytes per server pair) is reused across calls.
+/// the swaps and the capped local search, for each colouring made (below); measured in
+/// bench_stages --lb-alpha. Scratch (about 56 bytes per server pair) is reused across calls.
+///
+/// Spare colours (issue 13): the same colouring is also run with extra_stages more colours than D
+/// (the greedy opens one only where every Kempe swap would raise the weights by more than the
+/// entry: no pair is split, each stays in one stage). The spare stages give the greedy and the
+/// local search room that a colouring with exactly D stages (a 1-factorisation, where every pair
+/// of a full matrix carries traffic) does not have; on tiled Megatron (bench_stages --lb-alpha)
+/// that lowers the weights by more than the extra stages' alpha: 1.112 -> 1.093 of LB_alpha at
+/// 320 GPUs, 1.069 -> 1.049 at 4096. It can also be worse (1.048 -> 1.051 at 1024), so where
+/// S <= compare_servers both colourings are made and the one the scale-out model (the
+/// constructor's: alpha per stage and NIC bandwidth) predicts faster is kept, the D-colour one on a
+/// tie: the result is then never slower in the model than the D-colour colouring, at twice the
+/// cost. Above compare_servers (where one colouring costs 10-20 ms) only the spare-colour one is
+/// made, so that the cost stays that of one colouring: it may then be slower in the model than the
+/// D-colour colouring would have been (by at most extra_stages alpha where the weights gain
+/// nothing, as with tiny messages).
 class factorized_decomposer {
 public:
   static constexpr const char* name = "factorized";
@@ -54,7 +71,30 @@ public:
   /// The sort keys and the radix sort's buffer (16 bytes), the stage of each pair in both
   /// directions (8) and by pair (4), its value by stage (8), the stages' sorted entries (16)
   /// (planner_scratch_bytes).
-  static constexpr std::size_t scratch_bytes_per_server_pair = 52;
+  static constexpr std::size_t scratch_bytes_per_server_pair = 56;
+  /// Colours beyond D that the spare-colour colouring may open by default (measured on the lb-alpha grid:
+  /// 1 to 4 gain about as much at 320 GPUs, 4 most at 4096, 8 less).
+  static constexpr int extra_stages = 4;
+  /// Up to this many servers both colourings are made and the faster in the model kept.
+  static constexpr int compare_servers = 256;
+
+  /// Compares colourings in scale-out model `net` (the topology's: scaleout_of; default: 10 us per
+  /// stage, 50 GB/s), the second with `spare` colours beyond D (0: the D-colour colouring alone,
+  /// exactly D stages, as before issue 13). Throws fasta2a::error unless the model's alpha >= 0 and
+  /// its bandwidth > 0, both finite, and 0 <= spare <= 64.
+  explicit factorized_decomposer(scaleout_model net = {}, int spare = extra_stages) : net_(net), spare_(spare) {
+    net_.check("factorized_decomposer");
+    if (spare < 0 || spare > 64) throw error("factorized_decomposer: spare colours must be in [0, 64]");
+  }
+  /// The model the colourings are compared in.
+  const scaleout_model& model() const noexcept { return net_; }
+  /// Colours beyond D of the second colouring.
+  int spare() const noexcept { return spare_; }
+  /// What configures it, folded into one word: ranks whose engines compare digests must agree on it.
+  std::uint64_t digest() const noexcept {
+    return detail::fold_words({std::bit_cast<std::uint64_t>(net_.alpha_s), std::bit_cast<std::uint64_t>(net_.bandwidth),
+                               static_cast<std::uint64_t>(spare_)});
+  }
   /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
   /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
   /// where it is not (2^18 at S = 512). Measured: 10-20 ns a step.
@@ -65,13 +105,40 @@ public:
     out.reset(n_);
     if (n_ == 0) return;
     m_ = &m;
-    colour(m);
+    if (spare_ == 0) {
+      run(0, out);
+      return;
+    }
+    const bool both = n_ <= compare_servers;
+    if (both) {
+      // The D-colour colouring first: if it exceeds the size limit, the other (no fewer stages) does too.
+      plain_.max_bytes = out.max_bytes;
+      plain_.extra_bytes_per_stage = out.extra_bytes_per_stage;
+      plain_.reset(n_);
+      run(0, plain_);
+    }
+    bool fits = true;
+    try {
+      run(spare_, out);
+    } catch (const plan_too_large&) {
+      if (!both) throw;
+      fits = false;
+    }
+    if (both && (!fits || net_.stages_time(plain_.weights) <= net_.stages_time(out.weights))) {
+      out.reset(n_);
+      out.weights.swap(plain_.weights);
+      out.perms.swap(plain_.perms);
+    }
+  }
+
+private:
+  void run(int extra, stage_list& out) {
+    colour(*m_, extra);
     if (k_ == 0) return;
     improve();
     emit(out);
   }
 
-private:
   static constexpr int none = -1;
 
   bytes_t val(int s, int d) const noexcept { return (*m_)(s, d); }
@@ -104,8 +171,8 @@ private:
     set_bit(col_free(d), c, true);
   }
 
-  // Phase 1: the greedy colouring with Kempe swaps.
-  void colour(const server_matrix& m) {
+  // Phase 1: the greedy colouring with Kempe swaps, with `extra` colours beyond D.
+  void colour(const server_matrix& m, int extra) {
     k_ = 0;
     std::vector<int>& deg = queue_; // scratch: column degrees
     deg.assign(n_, 0);
@@ -130,6 +197,7 @@ private:
     keys_.resize(nz);
     for (int d = 0; d < n_; ++d) k_ = std::max(k_, deg[d]);
     if (k_ == 0) return;
+    k_ += extra;
     sort_entries(lo, hi);
     const std::size_t n = static_cast<std::size_t>(n_);
     words_ = (static_cast<std::size_t>(k_) + 63) / 64;
@@ -467,6 +535,9 @@ private:
   // Kempe swaps compared per placement at most (the first zero-cost one ends the search).
   static constexpr int max_swap_trials = 16;
 
+  scaleout_model net_;
+  int spare_ = extra_stages;
+  stage_list plain_; // the D-colour colouring, while the other is made
   const server_matrix* m_ = nullptr;
   int n_ = 0, k_ = 0, open_ = 0;
   std::size_t words_ = 0;

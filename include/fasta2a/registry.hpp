@@ -22,7 +22,8 @@ namespace fasta2a {
 /// (birkhoff, bottleneck, slack, spread-out, direct) ignore it.
 struct decomposer_params {
   /// The scale-out network (alpha per stage, NIC bandwidth: scaleout_of(topology) gives a
-  /// topology's): "quantized" chooses its quantum with it, "best" prices its members' stages with it.
+  /// topology's): "quantized" chooses its quantum with it, "factorized" chooses between its two
+  /// colourings with it, "best" prices its members' stages with it.
   scaleout_model scaleout{};
   /// How "quantized" (alone or as a member of "best") chooses its quantum per matrix. The default,
   /// the closed form, costs one decomposition, which suits planning on every call; search tries
@@ -55,8 +56,8 @@ static_assert(decomposer_name_table.size() == std::tuple_size_v<registered_decom
 /// decomposition), "bottleneck" (exact, fewer stages), "quantized" (weights in multiples of a
 /// quantum: bounded padding, far fewer stages), "spread-out" and "direct" (the baselines), "best",
 /// "slack" (exact, padding decided stage by stage: the fewest stages of the exact ones),
-/// "factorized" (the fewest stages of any schedule, each pair served in one stage, pairs of
-/// similar size sharing a stage).
+/// "factorized" (the fewest stages of any schedule, or a few more where the scale-out model predicts
+/// that faster, each pair served in one stage, pairs of similar size sharing a stage).
 /// The i-th name makes the i-th type of registered_decomposers.
 inline std::span<const std::string_view> decomposer_names() noexcept { return detail::decomposer_name_table; }
 
@@ -96,14 +97,14 @@ decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p
   if (name == "birkhoff") return std::forward<F>(f)(birkhoff_decomposer{});
   if (name == "bottleneck") return std::forward<F>(f)(bottleneck_decomposer{});
   if (name == "slack") return std::forward<F>(f)(slack_decomposer{});
-  if (name == "factorized") return std::forward<F>(f)(factorized_decomposer{});
+  if (name == "factorized") return std::forward<F>(f)(factorized_decomposer(p.scaleout));
   if (name == "spread-out") return std::forward<F>(f)(spread_out_decomposer{});
   if (name == "direct") return std::forward<F>(f)(direct_decomposer{});
   const auto quantized = [&] { return quantized_decomposer(p.scaleout, p.quantum); };
   if (name == "quantized") return std::forward<F>(f)(quantized());
   return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{},
                                             slack_decomposer{}, quantized(), spread_out_decomposer{},
-                                            factorized_decomposer{}));
+                                            factorized_decomposer(p.scaleout)));
 }
 
 } // namespace fasta2a

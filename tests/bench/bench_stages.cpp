@@ -176,9 +176,9 @@ void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
       cell("slack", slack_decomposer{});
       cell("quantised", quantized_decomposer(net, quantum_rule::formula));
       cell("spread-out", spread_out_decomposer{});
-      cell("factorized", factorized_decomposer{});
+      cell("factorized", factorized_decomposer(net));
       // Per-call cost: the same decomposer object (its scratch reused), as a planner calls it.
-      factorized_decomposer fd;
+      factorized_decomposer fd(net);
       stage_list scratch;
       fd.decompose(m, scratch);
       std::vector<double> ms;
