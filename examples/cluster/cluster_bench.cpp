@@ -512,6 +512,8 @@ int run(int argc, char** argv) {
         .field("plan_s", r.stats.plan_s)
         .field("exchange_s", r.stats.exchange_s)
         .field("execute_s", r.stats.execute_s)
+        .field("credit_wait_rail_s", r.stats.credit_wait_rail_s)
+        .field("credit_wait_balance_s", r.stats.credit_wait_balance_s)
         .field("executed", r.executed)
         .field("scaleout_transport", r.transport)
         .field("btl_tcp_put", tcp_put)

@@ -74,6 +74,10 @@ struct call_stats {
   int registrations = 0; ///< register_memory calls this rank made (per transport pair)
   std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
   std::size_t pieces_sent = 0; ///< plan pieces this rank sent (one put each without coalescing)
+  /// Shared staging (plan::staging_ring > 0): how long this rank's rail sends, and its balance
+  /// puts, were ready but held for a staging credit (a peer's slot not yet released), in seconds.
+  double credit_wait_rail_s = 0;
+  double credit_wait_balance_s = 0;
 };
 
 /// A 64-bit digest of what every rank's view of one plan shares: shape, granule, decomposer,
@@ -1508,6 +1512,16 @@ private:
   // MPI on an H200, and with Open MPI's btl_vader_single_copy_mechanism=none on the stand-in).
   template <class C>
   static constexpr bool drives_progress = requires(C& c) { c.progress(); };
+  // A scale-out connection whose puts land only in posted expects (MPI): shared staging frees a
+  // rail sender's arrival slot by posting the next stage's expects instead of a credit signal.
+  static constexpr bool expects_gate_puts = requires { requires out_conn::expects_gate_puts; };
+  // Whether this call's rail expects of stages >= K are posted when their arrival slot is freed
+  // (and the rail credits are neither sent nor awaited).
+  static bool lazy_rail_expects(const rank_program& pg) noexcept { return expects_gate_puts && pg.ring() > 0; }
+  static bool deferred(const rank_program& pg, const instr& i) noexcept {
+    return i.op == instr_op::expect && i.via == tier::scaleout && i.channel == engine_channel::rail &&
+           static_cast<std::size_t>(i.stage) >= pg.ring();
+  }
   // One poke of the progress of the tier other than `busy` (where it has any).
   void progress_other(tier busy) {
     if (busy == tier::scaleup) {
@@ -1574,7 +1588,19 @@ private:
     if (!up_conn_ || !out_conn_)
       throw error("rank " + std::to_string(me_) + ": the connections were dropped by a failed call and not yet rebuilt");
     const rank_program& pg = x.program;
-    run(x, pg.at(sec::post));
+    if (lazy_rail_expects(pg)) {
+      // Rail expects of stages >= K wait for their arrival slot (run_stages); the rest post now.
+      // The post section is in stage order, so each stage's deferred expects are a run of them.
+      deferred_.clear();
+      deferred_at_.assign(pg.stages() + 1, 0);
+      for (const instr& i : pg.at(sec::post)) {
+        if (!deferred(pg, i)) run(x, i);
+        else deferred_.push_back(i), ++deferred_at_[static_cast<std::size_t>(i.stage) + 1];
+      }
+      for (std::size_t t = 0; t < pg.stages(); ++t) deferred_at_[t + 1] += deferred_at_[t];
+    } else {
+      run(x, pg.at(sec::post));
+    }
 #ifndef FASTA2A_ENGINE_MUTATION_NO_READY // mutation test: peers may write before this rank is ready
     if (x.ordered) clear_to_send(x);
 #endif
@@ -1595,11 +1621,17 @@ private:
   // their rail ranks' balance slots and its rail sends for the credit of the rail target's arrival
   // slot, and two more cursors send credits in stage order: stage t + K's balance slot is free once
   // this rank's rail sends of stage t have left it, its arrival slot once its redistribution of
-  // stage t has. Nothing waits on a condition while another one could progress.
+  // stage t has. Where scale-out puts land only in posted expects (expects_gate_puts: MPI), an
+  // arrival slot is freed by posting the rail expects of stage t + K instead (execute deferred
+  // them), and rail sends do not wait for credits: the transport holds a put until its expect is
+  // posted, and the receiver takes stage t + K's rail signal only once it has posted them. The
+  // credit would cross the network once more than the transport's own handshake (a rendezvous).
+  // Nothing waits on a condition while another one could progress.
   void run_stages(const exec& x) {
     using sec = rank_program::section;
     const rank_program& pg = x.program;
     const std::size_t T = pg.stages(), W = opt_.rail_window, K = pg.ring();
+    const bool lazy = lazy_rail_expects(pg);
     const std::size_t released = K > 0 && T > K ? T - K : 0; // stages whose slots are released for stage + K
     rail_peer_.assign(T, -1);
     rail_count_.assign(T, 0);
@@ -1623,6 +1655,21 @@ private:
     std::size_t cb_i = 0, bal_i = 0, cr_i = 0, in_i = 0;
     detail::backoff idle(opt_.waiting);
     auto last = std::chrono::steady_clock::now();
+    // Time held by credits alone (call_stats::credit_wait_*): measured from the turn a cursor
+    // is found held to the turn it is not.
+    using clock = std::chrono::steady_clock;
+    struct held_since {
+      bool held = false;
+      clock::time_point since{};
+    } held_rail, held_bal;
+    stats_.credit_wait_rail_s = stats_.credit_wait_balance_s = 0;
+    auto hold = [](held_since& h, bool held, double& total) {
+      if (held == h.held) return;
+      const auto now = clock::now();
+      if (held) h.since = now;
+      else total += std::chrono::duration<double>(now - h.since).count();
+      h.held = held;
+    };
     while (bal < T || rail < T || redist < T || rel_out < released || rel_in < released) {
       bool moved = false;
       // Stages whose rail sends have left no longer count against the window, in any order (one
@@ -1636,6 +1683,7 @@ private:
       while (bal < T && bal < rail + W) {
         const auto credits = pg.at(sec::credit_balance, bal);
         while (cb_i < credits.size() && take(credits[cb_i])) ++cb_i, moved = true;
+        hold(held_bal, cb_i < credits.size(), stats_.credit_wait_balance_s);
         if (cb_i < credits.size()) break;
         run(x, pg.at(sec::balance, bal));
         ++bal;
@@ -1645,8 +1693,9 @@ private:
       if (rail < T) {
         const auto waits = pg.at(sec::await_balance, rail);
         while (bal_i < waits.size() && take(waits[bal_i])) ++bal_i, moved = true;
-        const auto credits = pg.at(sec::credit_rail, rail);
+        const auto credits = lazy ? std::span<const instr>() : pg.at(sec::credit_rail, rail);
         while (cr_i < credits.size() && take(credits[cr_i])) ++cr_i, moved = true;
+        if (K > 0) hold(held_rail, bal_i == waits.size() && leaving_.size() < W && cr_i < credits.size(), stats_.credit_wait_rail_s);
         if (bal_i == waits.size() && cr_i == credits.size() && leaving_.size() < W) {
           post_rail(rail);
           ++rail;
@@ -1654,7 +1703,7 @@ private:
           moved = true;
         }
       }
-      if (redist < T) {
+      if (redist < T && (!lazy || redist < rel_in + K)) { // lazy: its rail expects are posted
         const auto waits = pg.at(sec::await_rail, redist);
         while (in_i < waits.size() && take(waits[in_i])) ++in_i, moved = true;
         if (in_i == waits.size()) {
@@ -1683,7 +1732,13 @@ private:
           if (r.stage == rel_in && !up_conn_->sent(r.peer, engine_channel::redistribute, r.count)) left = false;
         if (!left) break;
         std::erase_if(redist_sent_, [&](const redist_signal& r) { return r.stage == rel_in; });
-        run(x, pg.at(sec::release_in, rel_in + K));
+        if (lazy) {
+          for (std::size_t k = deferred_at_[rel_in + K]; k < deferred_at_[rel_in + K + 1]; ++k) run(x, deferred_[k]);
+          for (const instr& i : pg.at(sec::release_in, rel_in + K))
+            if (i.via != tier::scaleout) run(x, i);
+        } else {
+          run(x, pg.at(sec::release_in, rel_in + K));
+        }
         ++rel_in;
         moved = true;
       }
@@ -1694,9 +1749,9 @@ private:
         continue;
       }
       if (now - last >= opt_.timeout) {
-        if (redist < T && in_i < pg.at(sec::await_rail, redist).size()) throw missing(x, pg.at(sec::await_rail, redist)[in_i]);
+        if (redist < T && (!lazy || redist < rel_in + K) && in_i < pg.at(sec::await_rail, redist).size()) throw missing(x, pg.at(sec::await_rail, redist)[in_i]);
         if (rail < T && bal_i < pg.at(sec::await_balance, rail).size()) throw missing(x, pg.at(sec::await_balance, rail)[bal_i]);
-        if (rail < T && cr_i < pg.at(sec::credit_rail, rail).size()) throw missing(x, pg.at(sec::credit_rail, rail)[cr_i]);
+        if (!lazy && rail < T && cr_i < pg.at(sec::credit_rail, rail).size()) throw missing(x, pg.at(sec::credit_rail, rail)[cr_i]);
         if (bal < T && cb_i < pg.at(sec::credit_balance, bal).size()) throw missing(x, pg.at(sec::credit_balance, bal)[cb_i]);
         if (!leaving_.empty())
           throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
@@ -1766,6 +1821,8 @@ private:
     std::uint64_t count;
   };
   std::vector<redist_signal> redist_sent_; // redistributions not yet released (shared staging)
+  std::vector<instr> deferred_;            // lazy rail expects (expects_gate_puts), by stage:
+  std::vector<std::size_t> deferred_at_;   // stage t's are [deferred_at_[t], deferred_at_[t + 1])
   std::vector<std::pair<tier, rank_t>> ready_in_, ready_out_;
 
   // Bouncing scale-out data through host mirrors (see the class comment).

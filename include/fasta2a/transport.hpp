@@ -109,6 +109,11 @@ concept Connection = requires(C& c, rank_t peer, const Mem& mem, const Rem& rem,
 ///   (MPI, libfabric's manual-progress providers, verbs' completion queue) has `progress()`, one
 ///   non-blocking poke. The engine calls it while it waits on its other tier, so that no transfer
 ///   of this rank stalls while it waits on a peer that waits on that transfer.
+/// - Optional: a connection whose puts land only where the receiver has posted the matching
+///   expect (two-sided: MPI's matched receives) says so with `static constexpr bool
+///   expects_gate_puts = true`. Where a plan shares staging across stages, the engine then frees a
+///   peer's slot by posting the expects of the stage that reuses it, in place of a credit signal
+///   the peer would wait for (see engine::run_stages): one message less per slot and stage.
 template <class T>
 concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer, typename T::memory& mem,
                              typename T::remote& rem, std::span<const std::byte> blob, channel_id channels) {

@@ -66,6 +66,11 @@ public:
 
   class connection {
   public:
+    /// As T's connection says (MPI: puts land only in posted expects; transport.hpp).
+    static constexpr bool expects_gate_puts = [] {
+      if constexpr (requires { T::connection::expects_gate_puts; }) return static_cast<bool>(T::connection::expects_gate_puts);
+      else return false;
+    }();
     void put(rank_t peer, const memory& src, std::size_t so, const remote& dst, std::size_t d, std::size_t n, channel_id ch) {
       p_->pause();
       if (p_->late.count() > 0) std::this_thread::sleep_for(std::exchange(p_->late, std::chrono::milliseconds(0)));

@@ -63,6 +63,10 @@ struct mpi_world {
 
 } // namespace
 
+// The probe wrapper keeps the MPI connection's trait, so that the suite runs the engine's path for
+// it (shared staging frees arrival slots by posting receives, not by credits).
+static_assert(fasta2a::testing::probed_transport<fasta2a::mpi_transport>::connection::expects_gate_puts);
+
 TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, mpi_world<0>, mpi_world<100>);
 
 int main(int argc, char** argv) { return run_doctest_under_mpi(argc, argv, "test_conformance_mpi"); }

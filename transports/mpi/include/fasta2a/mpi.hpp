@@ -503,6 +503,11 @@ public:
       ++puts_sent_[lane(peer, c)];
     }
 
+    /// A put lands only in a posted receive (MPI matches sends to receives in order): the engine
+    /// frees a shared staging slot by posting the receives of the stage that reuses it, instead of
+    /// signalling the sender (transport.hpp, expects_gate_puts).
+    static constexpr bool expects_gate_puts = true;
+
     /// Posts the receive of peer's next put on channel_id ch: n bytes into [dst_off, dst_off + n) of
     /// dst. Throws fasta2a::error naming the offsets if the range is outside the registration.
     void expect(rank_t peer, const memory& dst, std::size_t dst_off, std::size_t n, channel_id ch) {
