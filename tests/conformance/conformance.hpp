@@ -242,6 +242,10 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       check_block(std::span(in).first(128), prev, me, 1, "connection a");
       // b has not been signalled: a's signal must not count there.
       if (b.test(prev, 0, 1)) throw error("connection b saw connection a's signal");
+      // Before blocking in the bootstrap: a transport that signals only after its puts complete
+      // (libfabric's delivery-complete mode) posts that signal while this rank calls into it; the
+      // peer's wait above may have ended before this rank's own put completed.
+      a.flush();
       boot.allgather({}, {});
       fill_block(std::span(out).subspan(128, 128), me, next, 2);
       b.put(next, out_mem, 128, remotes[static_cast<std::size_t>(next)], 128, 128, 0);
