@@ -894,3 +894,190 @@ TEST_CASE("planner.factorized_plans_verify") {
     check_plan(p, t, false);
   }
 }
+
+// The unsplit bound's envelope by brute force: every line's entries sorted, the k-th largest of
+// all lines' k-th entries summed (bench_stages' unsplit_bound).
+static bytes_t brute_envelope(const server_matrix& m) {
+  const int S = static_cast<int>(m.rows());
+  std::vector<bytes_t> env(static_cast<std::size_t>(S), 0), line;
+  for (int i = 0; i < S; ++i)
+    for (int col = 0; col < 2; ++col) {
+      line.clear();
+      for (int j = 0; j < S; ++j)
+        if (const bytes_t v = col ? m(j, i) : m(i, j); v > 0 && i != j) line.push_back(v);
+      std::sort(line.begin(), line.end(), std::greater<>());
+      for (std::size_t k = 0; k < line.size(); ++k) env[k] = std::max(env[k], line[k]);
+    }
+  return std::accumulate(env.begin(), env.end(), bytes_t{0});
+}
+
+TEST_CASE("factorized.skipping_the_spare_colouring_where_the_envelope_is_reached_changes_nothing") {
+  // Where the D-colour colouring's weights sum to the envelope, the spare-colour colouring is not
+  // made: the result must be bit-identical to the decomposer that always makes both, on every
+  // matrix, in every model; and the skip must fire on many of them (small Zipf and token-granule
+  // matrices reach the envelope), else this tests nothing.
+  std::mt19937_64 rng(1717);
+  int skipped = 0, compared = 0;
+  stage_list a, b;
+  for (int iter = 0; iter < 600; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % (iter < 400 ? 12 : 48));
+    server_matrix m = random_server_matrix(rng, S);
+    if (iter % 5 == 0) { // Zipf traffic of 8 GPUs per server: the lb-alpha grid's smallest rows
+      const traffic_matrix t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 80.0, bytes_t{64} << 20, rng(), 8192);
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j) m(i, j) = i == j ? 0 : t.block(i * 8, j * 8, 8, 8).sum() / 8;
+    }
+    if (iter % 5 == 1) // dense and uneven: where spare colours gain, so the skip must not fire wrongly
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j)
+          if (i != j) m(i, j) = 1 + rng() % 4096 + (rng() % 8 == 0 ? rng() % 8192 : 0);
+    const scaleout_model net{std::array{0.0, 1e-9, 1e-7, 10e-6}[iter % 4], 50e9};
+    const int spare = std::array{1, 2, 4, 8}[(iter / 4) % 4];
+    CAPTURE(iter);
+    CAPTURE(S);
+    factorized_decomposer with(net, spare), without(net, spare, false);
+    with.decompose(m, a);
+    without.decompose(m, b);
+    CHECK(a.weights == b.weights);
+    CHECK(a.perms == b.perms);
+    CHECK(with.envelope_total() == brute_envelope(m));
+    CHECK(std::accumulate(a.weights.begin(), a.weights.end(), bytes_t{0}) >= brute_envelope(m));
+    factorized_decomposer plain(net, 0);
+    stage_list c;
+    plain.decompose(m, c);
+    if (!c.weights.empty()) {
+      ++compared;
+      skipped += std::accumulate(c.weights.begin(), c.weights.end(), bytes_t{0}) == brute_envelope(m);
+    }
+  }
+  MESSAGE("the D-colour colouring reached the envelope (spare colouring skipped) on " << skipped << " of "
+                                                                                       << compared << " matrices");
+  CHECK(skipped > 100);
+  CHECK(skipped < compared);
+}
+
+TEST_CASE("factorized.split_mode_covers_every_pair_never_slower_and_deterministic") {
+  // Split mode (split_pairs) moves parts of a stage's largest pieces into idle slots of other
+  // stages. On seeded matrices, in several models: every stage a partial permutation of positive
+  // weight, heaviest first; every pair's stages weigh at least M(s, d) together (its pieces sum to
+  // M(s, d), each at most its stage's weight); never slower in the model than without split mode;
+  // the same result from a fresh decomposer
+  // and from one that decomposed another matrix first; and on some matrices pairs really split
+  // and the model time really drops.
+  std::mt19937_64 rng(5151);
+  int split_pairs = 0, faster = 0;
+  stage_list plain, split, again;
+  factorized_decomposer reused(scaleout_model{});
+  reused.split_pairs(true);
+  for (int iter = 0; iter < 400; ++iter) {
+    const int S = 1 + static_cast<int>(rng() % (iter < 300 ? 16 : 48));
+    server_matrix m = random_server_matrix(rng, S);
+    if (iter % 3 == 0) // dense and uneven: spare colours open, so stages have idle slots
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j)
+          if (i != j) m(i, j) = 1 + rng() % 4096 + (rng() % 8 == 0 ? rng() % 8192 : 0);
+    const scaleout_model net{std::array{0.0, 1e-9, 1e-7, 10e-6}[iter % 4], 50e9};
+    CAPTURE(iter);
+    CAPTURE(S);
+    factorized_decomposer(net).decompose(m, plain);
+    factorized_decomposer dec(net);
+    dec.split_pairs(true);
+    CHECK(dec.splits_pairs());
+    CHECK(dec.digest() != factorized_decomposer(net).digest());
+    dec.decompose(m, split);
+    const coverage_report r = check_stages(m, split);
+    CHECK(r.permutations);
+    CHECK(r.covered);
+    CHECK(split.servers == S);
+    // From D to D + spare stages, as without split mode (the pass keeps each colouring's stage
+    // count, but the colouring kept may differ: the spare-colour one can win only after its split).
+    CHECK(split.size() >= static_cast<std::size_t>(max_degree(m)));
+    CHECK(split.size() <= static_cast<std::size_t>(max_degree(m) + (max_degree(m) > 0 ? dec.spare() : 0)));
+    CHECK(r.total >= max_line_sum(m));
+    const bytes_t plain_total = std::accumulate(plain.weights.begin(), plain.weights.end(), bytes_t{0});
+    if (split.size() == plain.size()) CHECK(r.total <= plain_total);
+    CHECK(net.stages_time(split.weights) <= net.stages_time(plain.weights) * (1 + 1e-12));
+    if (r.total < plain_total && net.stages_time(split.weights) < net.stages_time(plain.weights)) ++faster;
+    server_matrix served = server_matrix::Zero(S, S);
+    for (std::size_t t = 0; t < split.size(); ++t) {
+      CHECK(split.weights[t] > 0);
+      if (t > 0) CHECK(split.weights[t] <= split.weights[t - 1]);
+      for (int s = 0; s < S; ++s)
+        if (const int d = split.perm(t)[s]; d >= 0 && d != s) {
+          CHECK(m(s, d) > 0);
+          ++served(s, d);
+        }
+    }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d) {
+          CHECK(served(s, d) == (m(s, d) > 0) + (served(s, d) > 1 ? served(s, d) - 1 : 0)); // served iff bytes
+          split_pairs += served(s, d) > 1;
+        }
+    factorized_decomposer fresh(net);
+    fresh.split_pairs(true);
+    fresh.decompose(m, again);
+    CHECK(again.weights == split.weights);
+    CHECK(again.perms == split.perms);
+    if (net.alpha_s == scaleout_model{}.alpha_s) { // the reused object: its model is the default
+      reused.decompose(random_server_matrix(rng, 1 + static_cast<int>(rng() % 30)), again);
+      reused.decompose(m, again);
+      CHECK(again.weights == split.weights);
+      CHECK(again.perms == split.perms);
+    }
+  }
+  MESSAGE("split mode: " << split_pairs << " pairs served in several stages, faster on " << faster << " of 400 matrices");
+  CHECK(split_pairs > 50);
+  CHECK(faster > 10);
+}
+
+TEST_CASE("planner.factorized_split_mode_plans_verify") {
+  // Plans whose pairs are split across stages (the planner fills a pair's stages in order): the
+  // verifier checks every byte is moved exactly once; and a rank's part has the whole plan's stages.
+  std::mt19937_64 rng(6161);
+  plan p;
+  int split_plans = 0;
+  for (int iter = 0; iter < 90; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 11);
+    const bytes_t granule = rng() % 2 ? 4096 : 1;
+    const bytes_t per_gpu = (rng() % 4096 + 1) * 4096;
+    traffic_matrix t;
+    switch (iter % 4) {
+    case 0: t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule); break;
+    case 1: t = hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule); break;
+    case 2: t = uniform_traffic(S * 8, per_gpu, rng(), granule); break;
+    default: // dense, uneven server pairs (where split mode splits most): random GPU entries per block
+      t = traffic_matrix::Zero(S * 8, S * 8);
+      for (int s = 0; s < S; ++s)
+        for (int d = 0; d < S; ++d) {
+          const bytes_t scale = 1 + rng() % 64 + (rng() % 8 == 0 ? rng() % 128 : 0);
+          for (int a = 0; a < 8; ++a)
+            for (int b = 0; b < 8; ++b) t(s * 8 + a, d * 8 + b) = scale * (rng() % 2048) * granule;
+        }
+    }
+    // Uneven server pairs: some blocks scaled up, so spare colours open and pairs split.
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d && rng() % 5 == 0) t.block(s * 8, d * 8, 8, 8) *= 2 + static_cast<bytes_t>(rng() % 3);
+    CAPTURE(iter);
+    CAPTURE(S);
+    planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(S), {.granule = granule},
+                                                         factorized_decomposer(scaleout_model{}).split_pairs(true));
+    pl.make_into(t, p);
+    check_plan(p, t, false);
+    std::vector<int> seen(static_cast<std::size_t>(S) * S, 0);
+    bool split = false;
+    for (std::size_t st = 0; st < p.stages(); ++st)
+      for (int s = 0; s < S; ++s)
+        if (const int d = p.stage_perm[st * S + s]; d >= 0 && d != s) split |= ++seen[static_cast<std::size_t>(s) * S + d] > 1;
+    split_plans += split;
+    const rank_t r = static_cast<rank_t>(rng() % static_cast<std::uint64_t>(S * 8));
+    const plan v = pl.make_rank(t, r);
+    CHECK(v.stage_weight == p.stage_weight);
+    CHECK(v.stage_perm == p.stage_perm);
+    const verify_result vr = verify_rank_view(v, t);
+    CHECK_MESSAGE(vr.ok, vr.error);
+  }
+  MESSAGE("plans with a pair in several stages: " << split_plans << " of 90");
+  CHECK(split_plans >= 10);
+}

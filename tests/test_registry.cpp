@@ -110,11 +110,12 @@ TEST_CASE("registry.params_reach_the_decomposers") {
           FAIL("quantized made another type");
         }
       });
-      // best weighs its members with alpha and the bandwidth: its reason (every member's stage
-      // count and modelled time) and its choice are those of a best_decomposer made directly.
+      // best weighs its members with alpha and the bandwidth (its factorized member in split mode):
+      // its reason (every member's stage count and modelled time) and its choice are those of a
+      // best_decomposer made directly.
       best_decomposer direct_best(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{}, slack_decomposer{},
                                   quantized_decomposer(p.scaleout, rule), spread_out_decomposer{},
-                                  factorized_decomposer{});
+                                  factorized_decomposer(p.scaleout).split_pairs(true));
       stage_list best_want;
       direct_best.decompose(m, best_want);
       with_decomposer("best", p, [&](auto dec) {

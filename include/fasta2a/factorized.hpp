@@ -59,7 +59,10 @@ namespace fasta2a {
 /// S <= compare_servers both colourings are made and the one the scale-out model (the
 /// constructor's: alpha per stage and NIC bandwidth) predicts faster is kept, the D-colour one on a
 /// tie: the result is then never slower in the model than the D-colour colouring, at twice the
-/// cost. Above compare_servers (where one colouring costs 10-20 ms) only the spare-colour one is
+/// cost, except where the D-colour colouring's weights already sum to the unsplit bound's envelope
+/// (envelope_total): no colouring with spare colours can then be faster, so it is not made (the
+/// same result at the cost of one colouring; on the 8-server rows of bench_stages --lb-alpha
+/// every workload is such a matrix). Above compare_servers (where one colouring costs 10-20 ms) only the spare-colour one is
 /// made, so that the cost stays that of one colouring: it may then be slower in the model than the
 /// D-colour colouring would have been (by at most extra_stages alpha where the weights gain
 /// nothing, as with tiny messages).
@@ -70,8 +73,8 @@ public:
   static constexpr bool exact = false;
   /// The sort keys and the radix sort's buffer (16 bytes), the stage of each pair in both
   /// directions (8) and by pair (4), its value by stage (8), the stages' sorted entries (16)
-  /// (planner_scratch_bytes).
-  static constexpr std::size_t scratch_bytes_per_server_pair = 56;
+  /// (planner_scratch_bytes), and in split mode the stages serving each pair (2).
+  static constexpr std::size_t scratch_bytes_per_server_pair = 58;
   /// Colours beyond D that the spare-colour colouring may open by default (measured on the lb-alpha grid:
   /// 1 to 4 gain about as much at 320 GPUs, 4 most at 4096, 8 less).
   static constexpr int extra_stages = 4;
@@ -82,18 +85,38 @@ public:
   /// stage, 50 GB/s), the second with `spare` colours beyond D (0: the D-colour colouring alone,
   /// exactly D stages, as before issue 13). Throws fasta2a::error unless the model's alpha >= 0 and
   /// its bandwidth > 0, both finite, and 0 <= spare <= 64.
-  explicit factorized_decomposer(scaleout_model net = {}, int spare = extra_stages) : net_(net), spare_(spare) {
+  /// `skip_when_tight` (default on) skips the spare-colour colouring where the D-colour one's
+  /// weights already sum to the unsplit bound's envelope (envelope_total): the spare one cannot be
+  /// faster there, so the result is the same, at the cost of one colouring. Off: both are always made
+  /// up to compare_servers (for tests that check the skip changes nothing).
+  explicit factorized_decomposer(scaleout_model net = {}, int spare = extra_stages, bool skip_when_tight = true)
+      : net_(net), spare_(spare), skip_when_tight_(skip_when_tight) {
     net_.check("factorized_decomposer");
     if (spare < 0 || spare > 64) throw error("factorized_decomposer: spare colours must be in [0, 64]");
   }
+  /// Split mode (off by default; the registry's "best" turns it on for its factorized member):
+  /// after each colouring, a pass that splits pairs into idle slots (split_pass below), so a pair
+  /// may then be served in several stages, its bytes in pieces that sum to M(s, d), each stage
+  /// weighing its largest piece. Only moves that lower the sum of the weights are made, the stage
+  /// count is unchanged, so the result is never slower in the model than without it. In split
+  /// mode the spare-colour colouring is skipped only where the D-colour one's weights sum to L
+  /// (a split schedule can go below the envelope, never below L).
+  factorized_decomposer& split_pairs(bool on) noexcept {
+    split_ = on;
+    return *this;
+  }
+  /// Whether split mode is on.
+  bool splits_pairs() const noexcept { return split_; }
   /// The model the colourings are compared in.
   const scaleout_model& model() const noexcept { return net_; }
   /// Colours beyond D of the second colouring.
   int spare() const noexcept { return spare_; }
   /// What configures it, folded into one word: ranks whose engines compare digests must agree on it.
   std::uint64_t digest() const noexcept {
-    return detail::fold_words({std::bit_cast<std::uint64_t>(net_.alpha_s), std::bit_cast<std::uint64_t>(net_.bandwidth),
-                               static_cast<std::uint64_t>(spare_)});
+    const std::uint64_t d = detail::fold_words({std::bit_cast<std::uint64_t>(net_.alpha_s),
+                                                std::bit_cast<std::uint64_t>(net_.bandwidth),
+                                                static_cast<std::uint64_t>(spare_)});
+    return split_ ? detail::fold_words({d, 0x5b1175u}) : d;
   }
   /// Cycle-walking steps the local search may take per call: local_search_work / S, so the
   /// search is thorough where the greedy colouring is cheap (2^20 steps at S = 128) and short
@@ -116,6 +139,19 @@ public:
       plain_.extra_bytes_per_stage = out.extra_bytes_per_stage;
       plain_.reset(n_);
       run(0, plain_);
+      // The D-colour colouring's weights reach the unsplit bound's envelope: the spare-colour
+      // colouring (at least D stages, weights at least the envelope) cannot be faster, and a tie
+      // keeps the D-colour one.
+      // In split mode the envelope does not bound the other colouring (its pieces may be split),
+      // but L, the largest line sum, bounds every schedule's weights, and every schedule has at
+      // least D stages.
+      if (skip_when_tight_ && k_ > 0 &&
+          weights_sum(plain_) == (split_ ? max_line_sum(*m_) : envelope_total())) {
+        out.reset(n_);
+        out.weights.swap(plain_.weights);
+        out.perms.swap(plain_.perms);
+        return;
+      }
     }
     bool fits = true;
     try {
@@ -131,12 +167,163 @@ public:
     }
   }
 
+  /// The unsplit bound's envelope of the last matrix decomposed: the sum over k of the largest
+  /// k-th largest entry of any line (row or column). The k-th heaviest stage of a schedule that
+  /// serves each pair in one stage weighs at least the k-th largest entry of every line (a line's
+  /// k largest entries lie in k distinct stages), so the weights of any such schedule sum to at
+  /// least this. From the entries already sorted for the colouring: O(non-zeros).
+  bytes_t envelope_total() {
+    if (n_ == 0 || k_ == 0) return 0;
+    row_rank_.assign(n_, 0);
+    col_rank_.assign(n_, 0);
+    bytes_t total = 0;
+    int reached = 0; // ranks whose largest entry is known: entries come largest first
+    for (const std::uint64_t key : keys_) {
+      const int r = std::max(row_rank_[key_row(key)]++, col_rank_[key_col(key)]++);
+      if (r == reached) {
+        total += key_value(key);
+        ++reached;
+      }
+    }
+    return total;
+  }
+
 private:
+  static bytes_t weights_sum(const stage_list& l) noexcept {
+    bytes_t t = 0;
+    for (bytes_t w : l.weights) t += w;
+    return t;
+  }
+
   void run(int extra, stage_list& out) {
     colour(*m_, extra);
     if (k_ == 0) return;
     improve();
+    if (split_ && n_ <= compare_servers) split_pass();
     emit(out);
+  }
+
+  // Split mode: lowers a stage a to the level h of one of its next-largest pieces, moving each
+  // larger piece's excess (piece - h) of pair (s, d) to another stage b where the pair already has
+  // a piece or where s and d are both idle (an idle slot: only a colouring with more than D stages,
+  // or a sparse matrix, has them), choosing for each piece the b whose weight rises least (first
+  // such b by index); the level (among a's split_levels next-largest pieces) where the drop of w_a
+  // exceeds the rises by most is taken, if any. Stages are visited in index order, repeatedly,
+  // until a round moves nothing or split_rounds rounds. Each move lowers the sum of the weights by
+  // at least one byte and leaves every pair's pieces summing to M(s, d), each stage a partial
+  // permutation (pieces of one stage never share a row or column, so two of them never compete for
+  // the same idle slot). Cost: up to split_levels^2 / 2 scans of the stages per stage and round;
+  // a piece whose row or column has no idle slot, and that has no other piece, is not scanned.
+  // Made only up to compare_servers servers (measured: 12.6 -> 25 ms at 512 servers on tiled
+  // Megatron for 1.0494 -> 1.0488 of LB_alpha).
+  static constexpr int split_levels = 10;
+  static constexpr int split_rounds = 32;
+
+  void split_pass() {
+    const std::size_t n = static_cast<std::size_t>(n_);
+    pieces_.assign(n * n, 0);
+    int live = 0; // stages opened (a spare colour never used weighs 0 and is no stage)
+    for (int c = 0; c < k_; ++c) live += w_[c] > 0;
+    row_idle_.assign(n_, live);
+    col_idle_.assign(n_, live);
+    bool any_idle = false;
+    for (int c = 0; c < k_; ++c)
+      for (int s = 0; s < n_ && w_[c] > 0; ++s)
+        if (const int d = rc(s, c); d != none) {
+          ++pieces_[s * n + d];
+          --row_idle_[s];
+          --col_idle_[d];
+        }
+    for (int s = 0; s < n_ && !any_idle; ++s) any_idle = row_idle_[s] > 0;
+    if (!any_idle) return;
+    for (int round = 0; round < split_rounds; ++round) {
+      bool moved = false;
+      for (int a = 0; a < k_; ++a) {
+        if (w_[a] == 0) continue;
+        tops_.clear();
+        for (int s = 0; s < n_; ++s)
+          if (rc(s, a) != none) tops_.push_back({rv(s, a), s});
+        const std::size_t keep = std::min<std::size_t>(tops_.size(), split_levels + 1);
+        std::partial_sort(tops_.begin(), tops_.begin() + static_cast<std::ptrdiff_t>(keep), tops_.end(),
+                          [](const ranked& x, const ranked& y) { return x.value != y.value ? x.value > y.value : x.row < y.row; });
+        long long best_gain = 0;
+        int best_cut = 0;
+        for (std::size_t k = 1; k < keep; ++k) {
+          if (tops_[k].value == tops_[k - 1].value) continue; // this level was tried at its first piece
+          const bytes_t h = tops_[k].value;
+          const bytes_t rise = split_to(a, static_cast<int>(k), h, false);
+          if (rise == ~bytes_t{0}) break; // a piece that cannot move: no lower level can either
+          const long long gain = static_cast<long long>(w_[a] - h) - static_cast<long long>(rise);
+          if (gain > best_gain) {
+            best_gain = gain;
+            best_cut = static_cast<int>(k);
+          }
+        }
+        if (best_cut > 0) {
+          split_to(a, best_cut, tops_[best_cut].value, true);
+          moved = true;
+        }
+      }
+      if (!moved) break;
+    }
+  }
+
+  // The rise of the other stages' weights if a's `cut` largest pieces (tops_) are cut to h, each
+  // excess placed where it raises a weight least; ~0 where some piece has nowhere to go. With
+  // `apply`, makes those moves.
+  bytes_t split_to(int a, int cut, bytes_t h, bool apply) {
+    raised_.clear();
+    auto weight = [&](int b) {
+      for (const auto& [c, w] : raised_)
+        if (c == b) return w;
+      return w_[b];
+    };
+    bytes_t rise = 0;
+    const std::size_t n = static_cast<std::size_t>(n_);
+    for (int i = 0; i < cut; ++i) {
+      const int s = tops_[i].row, d = rc(s, a);
+      const bytes_t ex = tops_[i].value - h;
+      const bool alone = pieces_[s * n + d] == 1;
+      if (alone && (row_idle_[s] == 0 || col_idle_[d] == 0)) return ~bytes_t{0};
+      int best_b = none;
+      bytes_t best_up = ~bytes_t{0}, best_cur = 0;
+      for (int b = 0; b < k_; ++b) {
+        if (b == a || w_[b] == 0) continue; // an unopened colour would cost a stage
+        bytes_t cur = 0;
+        if (const int db = rc(s, b); db == d) cur = rv(s, b);
+        else if (db != none || cc(d, b) != none) continue;
+        const bytes_t wb = weight(b);
+        const bytes_t up = cur + ex > wb ? cur + ex - wb : 0;
+        if (up < best_up) {
+          best_up = up;
+          best_b = b;
+          best_cur = cur;
+          if (up == 0) break;
+        }
+      }
+      if (best_b == none) return ~bytes_t{0};
+      rise += best_up;
+      if (best_up > 0) {
+        bool found = false;
+        for (auto& [c, w] : raised_)
+          if (c == best_b) w = best_cur + ex, found = true;
+        if (!found) raised_.push_back({best_b, best_cur + ex});
+      }
+      if (apply) {
+        rv(s, a) = h;
+        if (best_cur > 0) {
+          rv(s, best_b) = best_cur + ex;
+          w_[best_b] = std::max(w_[best_b], best_cur + ex);
+        } else {
+          put(s, d, best_b, ex);
+          ++pieces_[s * n + d];
+          --row_idle_[s];
+          --col_idle_[d];
+        }
+      }
+    }
+    if (apply) w_[a] = h;
+    return rise;
   }
 
   static constexpr int none = -1;
@@ -537,6 +724,12 @@ private:
 
   scaleout_model net_;
   int spare_ = extra_stages;
+  bool skip_when_tight_ = true;
+  bool split_ = false;
+  std::vector<std::uint16_t> pieces_; // split mode: stages serving each pair
+  std::vector<int> row_idle_, col_idle_;
+  std::vector<std::pair<int, bytes_t>> raised_;
+  std::vector<int> row_rank_, col_rank_; // envelope_total's scratch
   stage_list plain_; // the D-colour colouring, while the other is made
   const server_matrix* m_ = nullptr;
   int n_ = 0, k_ = 0, open_ = 0;
@@ -552,7 +745,7 @@ private:
   std::vector<std::uint64_t> row_free_, col_free_;
   std::vector<bytes_t> w_, rv_;
   std::vector<hop> path_;
-  std::vector<ranked> sorted_;
+  std::vector<ranked> sorted_, tops_;
   std::vector<std::uint32_t> stamp_;
   std::vector<long long> changed_, scanned_;
   std::vector<std::int32_t> perm_;

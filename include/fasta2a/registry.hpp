@@ -32,7 +32,9 @@ struct decomposer_params {
 };
 
 /// The decomposer named "best": whichever of birkhoff, bottleneck, slack, quantized, spread-out and
-/// factorized the scale-out model predicts fastest for each matrix (best_of_decomposer).
+/// factorized the scale-out model predicts fastest for each matrix (best_of_decomposer). with_decomposer
+/// makes its factorized member in split mode (factorized_decomposer::split_pairs): never slower in
+/// the model than the plain factorized decomposer, pairs possibly served in several stages.
 using best_decomposer = best_of_decomposer<birkhoff_decomposer, bottleneck_decomposer, slack_decomposer,
                                            quantized_decomposer, spread_out_decomposer, factorized_decomposer>;
 
@@ -104,7 +106,7 @@ decltype(auto) with_decomposer(std::string_view name, const decomposer_params& p
   if (name == "quantized") return std::forward<F>(f)(quantized());
   return std::forward<F>(f)(best_decomposer(p.scaleout, birkhoff_decomposer{}, bottleneck_decomposer{},
                                             slack_decomposer{}, quantized(), spread_out_decomposer{},
-                                            factorized_decomposer(p.scaleout)));
+                                            factorized_decomposer(p.scaleout).split_pairs(true)));
 }
 
 } // namespace fasta2a
