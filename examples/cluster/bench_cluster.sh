@@ -26,6 +26,8 @@
 #                                        workload label gets " [tcp: SET]" (default: tuned only, no label)
 #     --rail-window W                    the engine's rail stages in flight per sender (default: the
 #                                        engine's, 5)
+#     --engine-spin N                    the engine's wait_policy: N polls and N yields before it
+#                                        sleeps (default: wait_policy's, 64 and 64)
 #     --alpha-ms A                       fast-adaptive's cost of one stage (default 5)
 #     --trace FILE                       the Megatron trace (default ../shared/workloads/megatron-4n-32gpu.txt)
 #     --svg-workload LABEL               the workload whose NIC activity is drawn (default zipf(1.00))
@@ -76,6 +78,7 @@ while (($#)); do
     --methods) methods=$2; shift 2 ;;
     --tcp-flags) tcp_sets=$2; shift 2 ;;
     --rail-window) extra+=(--rail-window "$2"); shift 2 ;;
+    --engine-spin) extra+=(--engine-spin "$2"); shift 2 ;;
     --alpha-ms) extra+=(--alpha-ms "$2"); shift 2 ;;
     --svg-workload) svg_workload=$2; shift 2 ;;
     --bench) bench=$2; shift 2 ;;

@@ -90,6 +90,8 @@ constexpr const char* usage = R"(usage: mpirun -np N cluster_bench --gpus G [opt
   --alpha-ms A           quantized, best, fast-adaptive: the cost of one stage on this network
                          (default 5)
   --rail-window W        the engine's rail_window: stages in flight per sender (default 5)
+  --engine-spin N        the engine's wait_policy: N polls and N yields before it sleeps
+                         (default: wait_policy's, 64 and 64)
   --iters N              timed calls per method after one warm-up (default 5)
   --rate-mbit R          NIC rate, for the lower bounds (default 200)
   --label TEXT           the workload's name in the JSON (default: derived)
@@ -105,6 +107,7 @@ struct options : fa::cluster::workload_spec {
   double rate_mbit = 200;
   double alpha_s = 5e-3; // --alpha-ms is given in milliseconds; parse converts it, once
   std::size_t rail_window = fa::engine_options{}.rail_window;
+  int engine_spin = -1; // --engine-spin N: the engine's wait_policy spin and yields (-1: its defaults)
   std::string label;
 };
 
@@ -144,6 +147,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--iters") o.iters = static_cast<unsigned>(std::stoul(v));
     else if (flag == "--rate-mbit") o.rate_mbit = std::stod(v);
     else if (flag == "--rail-window") o.rail_window = std::stoul(v);
+    else if (flag == "--engine-spin") o.engine_spin = std::stoi(v);
     else if (flag == "--label") o.label = v;
     else if (flag == "--alpha-ms") o.alpha_s = std::stod(v) * 1e-3;
     else throw fa::error("unknown option '" + std::string(flag) + "' (try --help)");
@@ -381,6 +385,12 @@ public:
 #endif
   }
 
+  fa::wait_policy engine_waiting() const {
+    fa::wait_policy w;
+    if (o_.engine_spin >= 0) w.spin = w.yields = o_.engine_spin;
+    return w;
+  }
+
   template <fa::Decomposer D, class Up, class Out>
   result run_engine_on(const std::string& method, D dec, std::optional<double> direct_if_faster_alpha,
                        fa::mpi_bootstrap& boot, Up& tr, Out& out) {
@@ -395,6 +405,7 @@ public:
         {.planning = {.granule = o_.granule, .direct_if_faster_alpha = direct_if_faster_alpha, .staging_slots = slots_},
          .timeout = call_timeout,
          .rail_window = o_.rail_window,
+         .waiting = engine_waiting(),
          .staging_fraction = staging_},
         std::move(dec));
     result r = measure(
