@@ -27,6 +27,26 @@ const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-
 
 bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
+// A seeded traffic matrix of S x 8 ranks for the plan sweeps: kind 0 Zipf, 1 hot-spot, 2 uniform,
+// 3 dense with uneven server pairs (random GPU entries, each block scaled by its own factor).
+traffic_matrix seeded_traffic(std::mt19937_64& rng, int S, int kind, bytes_t per_gpu, bytes_t granule) {
+  switch (kind) {
+  case 0: return zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule);
+  case 1: return hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule);
+  case 2: return uniform_traffic(S * 8, per_gpu, rng(), granule);
+  default: {
+    traffic_matrix t = traffic_matrix::Zero(S * 8, S * 8);
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        const bytes_t scale = 1 + rng() % 64 + (rng() % 8 == 0 ? rng() % 128 : 0);
+        for (int a = 0; a < 8; ++a)
+          for (int b = 0; b < 8; ++b) t(s * 8 + a, d * 8 + b) = scale * (rng() % 2048) * granule;
+      }
+    return t;
+  }
+  }
+}
+
 // A random server matrix (zero diagonal) of one of the shapes the sweeps cover.
 server_matrix random_server_matrix(std::mt19937_64& rng, int S) {
   server_matrix m = server_matrix::Zero(S, S);
@@ -348,12 +368,7 @@ TEST_CASE("planner.bottleneck_and_quantized_plans_verify") {
     const int S = 1 + static_cast<int>(rng() % 12);
     const bytes_t granule = rng() % 2 ? 4096 : 1;
     const bytes_t per_gpu = (rng() % 4096 + 1) * 4096;
-    traffic_matrix t;
-    switch (iter % 3) {
-    case 0: t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule); break;
-    case 1: t = hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule); break;
-    default: t = uniform_traffic(S * 8, per_gpu, rng(), granule); break;
-    }
+    const traffic_matrix t = seeded_traffic(rng, S, iter % 3, per_gpu, granule);
     CAPTURE(iter);
     CAPTURE(S);
     const auto topo = h200_cluster(S);
@@ -552,12 +567,7 @@ template <class D> void plans_verify(std::uint64_t seed, bool exact) {
     const int S = 1 + static_cast<int>(rng() % 12);
     const bytes_t granule = rng() % 2 ? 4096 : 1;
     const bytes_t per_gpu = (rng() % 4096 + 1) * 4096;
-    traffic_matrix t;
-    switch (iter % 3) {
-    case 0: t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule); break;
-    case 1: t = hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule); break;
-    default: t = uniform_traffic(S * 8, per_gpu, rng(), granule); break;
-    }
+    const traffic_matrix t = seeded_traffic(rng, S, iter % 3, per_gpu, granule);
     CAPTURE(iter);
     CAPTURE(S);
     planner<fixed_topology<8>, D> pl(h200_cluster(S), {.granule = granule});
@@ -1041,20 +1051,7 @@ TEST_CASE("planner.factorized_split_mode_plans_verify") {
     const int S = 2 + static_cast<int>(rng() % 11);
     const bytes_t granule = rng() % 2 ? 4096 : 1;
     const bytes_t per_gpu = (rng() % 4096 + 1) * 4096;
-    traffic_matrix t;
-    switch (iter % 4) {
-    case 0: t = zipf_traffic(S * 8, 0.6 + (rng() % 100) / 60.0, per_gpu, rng(), granule); break;
-    case 1: t = hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % (S * 8)), 0.7, per_gpu, rng(), granule); break;
-    case 2: t = uniform_traffic(S * 8, per_gpu, rng(), granule); break;
-    default: // dense, uneven server pairs (where split mode splits most): random GPU entries per block
-      t = traffic_matrix::Zero(S * 8, S * 8);
-      for (int s = 0; s < S; ++s)
-        for (int d = 0; d < S; ++d) {
-          const bytes_t scale = 1 + rng() % 64 + (rng() % 8 == 0 ? rng() % 128 : 0);
-          for (int a = 0; a < 8; ++a)
-            for (int b = 0; b < 8; ++b) t(s * 8 + a, d * 8 + b) = scale * (rng() % 2048) * granule;
-        }
-    }
+    traffic_matrix t = seeded_traffic(rng, S, iter % 4, per_gpu, granule); // 3: where split mode splits most
     // Uneven server pairs: some blocks scaled up, so spare colours open and pairs split.
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d)
