@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include <fasta2a/engine.hpp>
+#include <fasta2a/factorized.hpp>
 #include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/host.hpp>
 #include <fasta2a/pattern.hpp>
@@ -33,7 +34,7 @@ constexpr auto layout_of = testing::engine_layout_of;
 // checks every byte of every receive buffer, including that the gaps stay untouched.
 template <class D = birkhoff_decomposer, class Topo>
 void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, std::size_t elem = 1,
-                   engine_options opt = {}) {
+                   engine_options opt = {}, const D& dec = D{}) {
   const rank_t n = topo.ranks();
   host_fabric fabric(n, opt.timeout);
   std::vector<std::string> errors(n);
@@ -44,7 +45,7 @@ void run_and_check(const Topo& topo, const std::vector<traffic_matrix>& calls, s
       try {
         host_bootstrap boot(fabric, r);
         host_transport tr(fabric, r);
-        engine<Topo, host_bootstrap, host_transport, host_transport, D> eng(topo, boot, tr, tr, opt);
+        engine<Topo, host_bootstrap, host_transport, host_transport, D> eng(topo, boot, tr, tr, opt, dec);
         for (const traffic_matrix& t : calls) {
           testing::engine_call_checked(eng, t, r, elem);
           checked += static_cast<long>(t.col(r).sum());
@@ -95,6 +96,40 @@ TEST_CASE("engine.host.baselines_and_shapes") {
   run_and_check(two_tier_topology(1, 6), {skewed(6, rng, 1)});   // one server: intra only
   run_and_check(two_tier_topology(6, 1), {skewed(6, rng, 1)});   // one GPU per server: rails only
   run_and_check(fixed_topology<4>(3), {skewed(12, rng, 2)}, 2);  // compile-time sized
+}
+
+TEST_CASE("engine.host.factorized_split_mode_moves_every_byte_of_pairs_served_in_several_stages") {
+  // Split mode (the registry's "best" uses it) serves some server pairs in several stages, each
+  // taking part of the pair's bytes. Dense traffic whose server pairs differ in size (each block
+  // scaled by its own factor) makes it split; the test keeps only matrices whose plan really has a
+  // pair in several stages, and runs them with the default staging budget (shared slots) and
+  // without one.
+  const two_tier_topology topo(6, 3);
+  // A small alpha: a stage costs little against these few bytes, so spare colours (whose idle
+  // slots split mode fills) are kept.
+  const factorized_decomposer dec = factorized_decomposer(scaleout_model{1e-9, 50e9}).split_pairs(true);
+  planner<two_tier_topology, factorized_decomposer> pl(topo, {}, dec);
+  std::mt19937_64 rng(909);
+  std::vector<traffic_matrix> calls;
+  for (int tries = 0; tries < 200 && calls.size() < 3; ++tries) {
+    traffic_matrix t = traffic_matrix::Zero(18, 18);
+    for (int s = 0; s < 6; ++s)
+      for (int d = 0; d < 6; ++d) {
+        const bytes_t scale = 1 + rng() % 64 + (rng() % 8 == 0 ? rng() % 128 : 0);
+        for (int a = 0; a < 3; ++a)
+          for (int b = 0; b < 3; ++b) t(s * 3 + a, d * 3 + b) = scale * (rng() % 64);
+      }
+    const plan p = pl.make(t);
+    std::vector<int> seen(36, 0);
+    bool split = false;
+    for (std::size_t st = 0; st < p.stages(); ++st)
+      for (int s = 0; s < 6; ++s)
+        if (const int d = p.stage_perm[st * 6 + s]; d >= 0 && d != s) split |= ++seen[static_cast<std::size_t>(s) * 6 + d] > 1;
+    if (split) calls.push_back(std::move(t));
+  }
+  REQUIRE(calls.size() == 3);
+  run_and_check<factorized_decomposer>(topo, calls, 1, {}, dec);
+  run_and_check<factorized_decomposer>(topo, calls, 1, {.staging_fraction = std::nullopt}, dec);
 }
 
 TEST_CASE("engine.host.megatron_trace_4x8") {
