@@ -41,10 +41,12 @@ namespace fasta2a {
 ///    found stop early, and pairs of stages unchanged since a fruitless scan are not walked again.
 ///
 /// Promises: each stage a partial permutation (-1: idle); every pair (s, d) with M(s, d) > 0 is
-/// served by exactly one stage, whose weight (its largest entry) is at least M(s, d); from D to
-/// D + spare stages (below; exactly D with spare = 0), heaviest first; the same matrix and model
-/// give the same stages (no randomness; ties broken by index). Not exact: the weights sum to at least L, and to at least the "unsplit bound" (the sum
-/// over k of the largest k-th entry of any line). Cost: a radix sort of the S^2 entries (packed
+/// served by exactly one stage, whose weight (its largest entry) is at least M(s, d) (in split
+/// mode, below: by one or more stages, whose weights sum to at least M(s, d)); from D to D + spare
+/// stages (exactly D with spare = 0), heaviest first; the same matrix and model give the same
+/// stages (no randomness; ties broken by index). Not exact: the weights sum to at least L, and
+/// (outside split mode) to at least the "unsplit bound" (the sum over k of the largest k-th entry
+/// of any line). Cost: a radix sort of the S^2 entries (packed
 /// 64-bit keys: value above pair), O(S / 64) words per entry placed (bit rows of free stages), plus
 /// the swaps and the capped local search, for each colouring made (below); measured in
 /// bench_stages --lb-alpha. Scratch (about 56 bytes per server pair) is reused across calls.
@@ -62,10 +64,10 @@ namespace fasta2a {
 /// cost, except where the D-colour colouring's weights already sum to the unsplit bound's envelope
 /// (envelope_total): no colouring with spare colours can then be faster, so it is not made (the
 /// same result at the cost of one colouring; on the 8-server rows of bench_stages --lb-alpha
-/// every workload is such a matrix). Above compare_servers (where one colouring costs 10-20 ms) only the spare-colour one is
-/// made, so that the cost stays that of one colouring: it may then be slower in the model than the
-/// D-colour colouring would have been (by at most extra_stages alpha where the weights gain
-/// nothing, as with tiny messages).
+/// every workload is such a matrix). Above compare_servers (where one colouring costs 10-20 ms)
+/// only the spare-colour one is made, so that the cost stays that of one colouring: it may then
+/// be slower in the model than the D-colour colouring would have been (by at most extra_stages
+/// alpha where the weights gain nothing, as with tiny messages).
 class factorized_decomposer {
 public:
   static constexpr const char* name = "factorized";
@@ -145,13 +147,8 @@ public:
       // In split mode the envelope does not bound the other colouring (its pieces may be split),
       // but L, the largest line sum, bounds every schedule's weights, and every schedule has at
       // least D stages.
-      if (skip_when_tight_ && k_ > 0 &&
-          weights_sum(plain_) == (split_ ? max_line_sum(*m_) : envelope_total())) {
-        out.reset(n_);
-        out.weights.swap(plain_.weights);
-        out.perms.swap(plain_.perms);
-        return;
-      }
+      if (skip_when_tight_ && k_ > 0 && weights_sum(plain_) == (split_ ? max_line_sum(*m_) : envelope_total()))
+        return keep_plain(out);
     }
     bool fits = true;
     try {
@@ -160,11 +157,7 @@ public:
       if (!both) throw;
       fits = false;
     }
-    if (both && (!fits || net_.stages_time(plain_.weights) <= net_.stages_time(out.weights))) {
-      out.reset(n_);
-      out.weights.swap(plain_.weights);
-      out.perms.swap(plain_.perms);
-    }
+    if (both && (!fits || net_.stages_time(plain_.weights) <= net_.stages_time(out.weights))) keep_plain(out);
   }
 
   /// The unsplit bound's envelope of the last matrix decomposed: the sum over k of the largest
@@ -189,6 +182,13 @@ public:
   }
 
 private:
+  // The result is the D-colour colouring.
+  void keep_plain(stage_list& out) {
+    out.reset(n_);
+    out.weights.swap(plain_.weights);
+    out.perms.swap(plain_.perms);
+  }
+
   static bytes_t weights_sum(const stage_list& l) noexcept {
     bytes_t t = 0;
     for (bytes_t w : l.weights) t += w;
