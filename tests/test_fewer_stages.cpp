@@ -923,7 +923,8 @@ static bytes_t brute_envelope(const server_matrix& m) {
 
 TEST_CASE("factorized.skipping_the_spare_colouring_where_the_envelope_is_reached_changes_nothing") {
   // Where the D-colour colouring's weights sum to the envelope, the spare-colour colouring is not
-  // made: the result must be bit-identical to the decomposer that always makes both, on every
+  // made, nor the local search where the greedy colouring reaches it: the result must be
+  // bit-identical to the decomposer that always makes both colourings and searches, on every
   // matrix, in every model; and the skip must fire on many of them (small Zipf and token-granule
   // matrices reach the envelope), else this tests nothing.
   std::mt19937_64 rng(1717);

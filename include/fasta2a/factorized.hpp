@@ -89,8 +89,10 @@ public:
   /// its bandwidth > 0, both finite, and 0 <= spare <= 64.
   /// `skip_when_tight` (default on) skips the spare-colour colouring where the D-colour one's
   /// weights already sum to the unsplit bound's envelope (envelope_total): the spare one cannot be
-  /// faster there, so the result is the same, at the cost of one colouring. Off: both are always made
-  /// up to compare_servers (for tests that check the skip changes nothing).
+  /// faster there, so the result is the same, at the cost of one colouring; likewise the local
+  /// search where the greedy colouring already reaches the envelope (no move can gain). Off: both
+  /// colourings are always made up to compare_servers, each with its local search (for tests that
+  /// check the skips change nothing).
   explicit factorized_decomposer(scaleout_model net = {}, int spare = extra_stages, bool skip_when_tight = true)
       : net_(net), spare_(spare), skip_when_tight_(skip_when_tight) {
     net_.check("factorized_decomposer");
@@ -130,6 +132,7 @@ public:
     out.reset(n_);
     if (n_ == 0) return;
     m_ = &m;
+    envelope_known_ = false;
     if (spare_ == 0) {
       run(0, out);
       return;
@@ -147,7 +150,7 @@ public:
       // In split mode the envelope does not bound the other colouring (its pieces may be split),
       // but L, the largest line sum, bounds every schedule's weights, and every schedule has at
       // least D stages.
-      if (skip_when_tight_ && k_ > 0 && weights_sum(plain_) == (split_ ? max_line_sum(*m_) : envelope_total()))
+      if (skip_when_tight_ && k_ > 0 && weights_sum(plain_) == (split_ ? max_line_sum(*m_) : envelope()))
         return keep_plain(out);
     }
     bool fits = true;
@@ -182,6 +185,13 @@ public:
   }
 
 private:
+  // envelope_total() of the matrix being decomposed, computed once per call (both colourings sort
+  // the same entries).
+  bytes_t envelope() {
+    if (!envelope_known_) envelope_ = envelope_total(), envelope_known_ = true;
+    return envelope_;
+  }
+
   // The result is the D-colour colouring.
   void keep_plain(stage_list& out) {
     out.reset(n_);
@@ -189,11 +199,12 @@ private:
     out.perms.swap(plain_.perms);
   }
 
-  static bytes_t weights_sum(const stage_list& l) noexcept {
+  static bytes_t weights_sum(std::span<const bytes_t> w) noexcept {
     bytes_t t = 0;
-    for (bytes_t w : l.weights) t += w;
+    for (bytes_t x : w) t += x;
     return t;
   }
+  static bytes_t weights_sum(const stage_list& l) noexcept { return weights_sum(l.weights); }
 
   void run(int extra, stage_list& out) {
     colour(*m_, extra);
@@ -548,6 +559,9 @@ private:
     // fruitless scan (-1: none), and only pairs with a change since are walked again.
     changed_.assign(k_, 0);
     scanned_.assign(k_, -1);
+    // Weights at the unsplit bound's envelope: no colouring weighs less, so no move can gain and
+    // the search would only scan (skip_when_tight_ off: it scans, for the tests that compare).
+    if (skip_when_tight_ && weights_sum(w_) == envelope()) return;
     long long moves = 0;
     while (work < budget) {
       for (int c = 0; c < k_; ++c) order_[c] = c;
@@ -730,6 +744,8 @@ private:
   std::vector<int> row_idle_, col_idle_;
   std::vector<std::pair<int, bytes_t>> raised_;
   std::vector<int> row_rank_, col_rank_; // envelope_total's scratch
+  bytes_t envelope_ = 0;                 // envelope(): this call's envelope_total, once known
+  bool envelope_known_ = false;
   stage_list plain_; // the D-colour colouring, while the other is made
   const server_matrix* m_ = nullptr;
   int n_ = 0, k_ = 0, open_ = 0;
