@@ -1498,10 +1498,13 @@ private:
   }
 
   // Takes the next signal of a wait if it is there already; never blocks.
+  // A test that finds nothing has driven its tier's progress (every transport's test and sent
+  // poll their transport when the answer is not known yet): run_stages notes it in polled_.
   bool take(const instr& w) {
     std::uint64_t& e = expected(w.via, w.peer, w.channel);
     const bool ok = w.via == tier::scaleup ? up_conn_->test(w.peer, w.channel, e + 1) : out_conn_->test(w.peer, w.channel, e + 1);
     if (ok) ++e;
+    else polled_[w.via == tier::scaleup ? 0 : 1] = true;
     return ok;
   }
   // A connection whose transfers move only while this rank calls into its transport (MPI's
@@ -1672,12 +1675,14 @@ private:
     };
     while (bal < T || rail < T || redist < T || rel_out < released || rel_in < released) {
       bool moved = false;
+      polled_[0] = polled_[1] = false;
       // Stages whose rail sends have left no longer count against the window, in any order (one
       // slow flow into a busy receiver holds one slot, not the whole window), and release their
       // balance slots: checked after the last rail stage too.
       std::erase_if(leaving_, [&](std::size_t t) {
         const bool gone = out_conn_->sent(rail_peer_[t], engine_channel::rail, rail_count_[t]);
         moved |= gone;
+        polled_[1] |= !gone;
         return gone;
       });
       while (bal < T && bal < rail + W) {
@@ -1727,9 +1732,13 @@ private:
       }
       // Arrival slots of stage rel_in + K: free once this rank's redistribution of rel_in has left.
       while (rel_in < released && rel_in < redist) {
-        bool left = true;
+        bool left = true; // the first that has not left is enough to wait for: the rest are asked next turn
         for (const redist_signal& r : redist_sent_)
-          if (r.stage == rel_in && !up_conn_->sent(r.peer, engine_channel::redistribute, r.count)) left = false;
+          if (r.stage == rel_in && !up_conn_->sent(r.peer, engine_channel::redistribute, r.count)) {
+            left = false;
+            polled_[0] = true;
+            break;
+          }
         if (!left) break;
         std::erase_if(redist_sent_, [&](const redist_signal& r) { return r.stage == rel_in; });
         if (lazy) {
@@ -1760,8 +1769,12 @@ private:
         throw error("rank " + std::to_string(me_) + ": its redistribution of stage " + std::to_string(rel_in) +
                     " did not leave within " + std::to_string(opt_.timeout.count()) + " ms");
       }
-      progress_other(tier::scaleup); // nothing moved: peers may need this rank's progress on either tier
-      progress_other(tier::scaleout);
+      // Nothing moved: peers may need this rank's progress on either tier. A tier whose test or
+      // sent found nothing this turn has been polled already (over MPI every such call runs Open
+      // MPI's progress, which polls every socket and, oversubscribed, yields the core): one more
+      // call would only repeat it.
+      if (!polled_[1]) progress_other(tier::scaleup);
+      if (!polled_[0]) progress_other(tier::scaleout);
       idle.pause();
     }
   }
@@ -1821,6 +1834,7 @@ private:
     std::uint64_t count;
   };
   std::vector<redist_signal> redist_sent_; // redistributions not yet released (shared staging)
+  bool polled_[2] = {false, false};        // run_stages: this turn polled scale-up [0], scale-out [1]
   std::vector<instr> deferred_;            // lazy rail expects (expects_gate_puts), by stage:
   std::vector<std::size_t> deferred_at_;   // stage t's are [deferred_at_[t], deferred_at_[t + 1])
   std::vector<std::pair<tier, rank_t>> ready_in_, ready_out_;
