@@ -108,7 +108,9 @@ concept Connection = requires(C& c, rank_t peer, const Mem& mem, const Rem& rem,
 /// - Optional: a connection whose transfers move only while the rank calls into its transport
 ///   (MPI, libfabric's manual-progress providers, verbs' completion queue) has `progress()`, one
 ///   non-blocking poke. The engine calls it while it waits on its other tier, so that no transfer
-///   of this rank stalls while it waits on a peer that waits on that transfer.
+///   of this rank stalls while it waits on a peer that waits on that transfer. Such a connection's
+///   `test` and `sent` must drive the same progress whenever they answer false: a staged turn of
+///   the engine that already asked a tier and found nothing does not call its `progress()` again.
 /// - Optional: a connection whose puts land only where the receiver has posted the matching
 ///   expect (two-sided: MPI's matched receives) says so with `static constexpr bool
 ///   expects_gate_puts = true`. Where a plan shares staging across stages, the engine then frees a
