@@ -1042,6 +1042,48 @@ TEST_CASE("factorized.split_mode_covers_every_pair_never_slower_and_deterministi
   CHECK(faster > 10);
 }
 
+TEST_CASE("factorized.entries_near_2_to_the_63_are_decomposed_without_overflow") {
+  // The local search and the split pass compare sums and differences of up to four entries; with
+  // entries near 2^63 those passed 64 bits (found by fuzz_planner; the ASan+UBSan job reports the
+  // signed overflow this test would hit). Line sums still fit 64 bits (each of a line's S - 1
+  // entries at most (2^64 - 1) / (S - 1)), so the matrices are valid planner input. Both modes,
+  // several spare counts: every stage a partial permutation, every pair covered (unsplit mode: by
+  // a stage at least its entry), deterministic.
+  std::mt19937_64 rng(6262);
+  stage_list out, again;
+  for (int iter = 0; iter < 300; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 4);
+    const bytes_t most = ~bytes_t{0} / static_cast<bytes_t>(S - 1);
+    server_matrix m = server_matrix::Zero(S, S);
+    for (int i = 0; i < S; ++i)
+      for (int j = 0; j < S; ++j)
+        if (i != j) m(i, j) = rng() % 4 == 0 ? 1 + rng() % 4096 : most - rng() % (most / 2);
+    const bool split = iter % 2 == 1;
+    const int spare = std::array{0, 1, 4}[(iter / 2) % 3];
+    CAPTURE(iter);
+    factorized_decomposer dec(scaleout_model{std::array{0.0, 10e-6}[iter % 2], 50e9}, spare);
+    dec.split_pairs(split);
+    dec.decompose(m, out);
+    std::vector<int> hit(S);
+    server_matrix served = server_matrix::Zero(S, S);
+    for (std::size_t t = 0; t < out.size(); ++t) {
+      std::fill(hit.begin(), hit.end(), 0);
+      for (int s = 0; s < S; ++s)
+        if (const int d = out.perm(t)[s]; d >= 0 && d != s) {
+          CHECK(hit[d]++ == 0);
+          if (!split) CHECK(out.weights[t] >= m(s, d));
+          ++served(s, d);
+        }
+    }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d) CHECK((served(s, d) > 0) == (m(s, d) > 0));
+    dec.decompose(m, again);
+    CHECK(again.weights == out.weights);
+    CHECK(again.perms == out.perms);
+  }
+}
+
 TEST_CASE("planner.factorized_split_mode_plans_verify") {
   // Plans whose pairs are split across stages (the planner fills a pair's stages in order): the
   // verifier checks every byte is moved exactly once; and a rank's part has the whole plan's stages.

@@ -185,6 +185,10 @@ public:
   }
 
 private:
+  // Gains and rises of the weights in bytes: differences of sums of up to four entries, each up
+  // to 2^64 - 1, so signed 128 bits (entries near 2^63 overflowed 64 bits: found by fuzz_planner).
+  __extension__ typedef __int128 gain_t;
+
   // envelope_total() of the matrix being decomposed, computed once per call (both colourings sort
   // the same entries).
   bytes_t envelope() {
@@ -257,14 +261,14 @@ private:
         const std::size_t keep = std::min<std::size_t>(tops_.size(), split_levels + 1);
         std::partial_sort(tops_.begin(), tops_.begin() + static_cast<std::ptrdiff_t>(keep), tops_.end(),
                           [](const ranked& x, const ranked& y) { return x.value != y.value ? x.value > y.value : x.row < y.row; });
-        long long best_gain = 0;
+        gain_t best_gain = 0;
         int best_cut = 0;
         for (std::size_t k = 1; k < keep; ++k) {
           if (tops_[k].value == tops_[k - 1].value) continue; // this level was tried at its first piece
           const bytes_t h = tops_[k].value;
           const bytes_t rise = split_to(a, static_cast<int>(k), h, false);
           if (rise == ~bytes_t{0}) break; // a piece that cannot move: no lower level can either
-          const long long gain = static_cast<long long>(w_[a] - h) - static_cast<long long>(rise);
+          const gain_t gain = gain_t{w_[a]} - h - rise;
           if (gain > best_gain) {
             best_gain = gain;
             best_cut = static_cast<int>(k);
@@ -576,13 +580,13 @@ private:
         if (w_[a] == 0) continue;
         const long long since = changed_[a] > scanned_[a] ? -1 : scanned_[a];
         const int s = stage_sorted(a)[0].row; // the stage's largest entry
-        long long best_gain = 0;
+        gain_t best_gain = 0;
         int best_b = none;
         for (int b = 0; b < k_ && work < budget; ++b) {
           // The gain is at most w_b (stage b takes a's largest entry): no walk where that is
           // no better than the best so far, nor where neither stage changed since a fruitless scan.
-          if (b == a || changed_[b] <= since || static_cast<long long>(w_[b]) <= best_gain) continue;
-          const long long g = cycle_gain(s, a, b, work, best_gain);
+          if (b == a || changed_[b] <= since || gain_t{w_[b]} <= best_gain) continue;
+          const gain_t g = cycle_gain(s, a, b, work, best_gain);
           if (g > best_gain) {
             best_gain = g;
             best_b = b;
@@ -644,15 +648,15 @@ private:
   // The drop in w_a + w_b if the component of stages {a, b} through row s's a-edge swaps its
   // colours; 0 or less where it would not help (the walk stops early once it cannot). Leaves the
   // component's rows in cyc_ and stamped with epoch_.
-  long long cycle_gain(int s, int a, int b, std::size_t& work, long long beat) {
+  gain_t cycle_gain(int s, int a, int b, std::size_t& work, gain_t beat) {
     ++epoch_;
     cyc_.clear();
     const bytes_t wa = w_[a];
-    const long long both = static_cast<long long>(wa + w_[b]);
+    const gain_t both = gain_t{wa} + w_[b];
     bytes_t into_a = 0, into_b = 0;
     // na >= into_a and nb >= into_b, so the gain is at most both - into_a - into_b: the walk
     // stops once that cannot beat `beat` (the best gain found so far).
-    auto hopeless = [&] { return both - static_cast<long long>(into_a + into_b) <= beat; };
+    auto hopeless = [&] { return both - into_a - into_b <= beat; };
     // Forward: s -a-> d -b-> r -a-> ...; then backward from s along b if it was a path.
     bool closed = false;
     for (int r = s;;) {
@@ -704,7 +708,7 @@ private:
         break;
       }
     const bytes_t na = std::max(rest_a, into_a), nb = std::max(rest_b, into_b);
-    return static_cast<long long>(wa + w_[b]) - static_cast<long long>(na + nb);
+    return both - na - nb;
   }
 
   // Swaps stages a and b on the rows of cyc_ (a component of the two stages).
