@@ -8,6 +8,10 @@
 //        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
 //                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
 //                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
+//        bench_stages --dump [servers]  the tiled Megatron cell of --lb-alpha (default 40 servers): its
+//                                rail matrix M, then the factorized decomposer's stages, unsplit and
+//                                split (a line each: weight, then the permutation), for
+//                                tests/bench/split_mip.py
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -219,6 +223,30 @@ int main(int argc, char** argv) {
     std::vector<traffic_matrix> z;
     for (std::uint64_t seed = 1; seed <= 32; ++seed) z.push_back(zipf_traffic(64, 1.0, bytes_t{64} << 20, seed));
     counts_table("Zipf(1.0) 8 x 8, 64 MiB/GPU, seeds 1-32", z, 8, 1);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--dump") {
+    const int servers = argc > 2 ? std::atoi(argv[2]) : 40;
+    if (servers < 2 || !std::filesystem::exists(megatron)) {
+      std::fprintf(stderr, "bench_stages --dump: needs at least 2 servers and %s\n", megatron.c_str());
+      return 2;
+    }
+    const server_matrix m = rail_matrix(megatron_tiled(read_trace(megatron, 32, 1), servers, bytes_t{64} << 20), servers, 8192);
+    const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
+    std::printf("# rail matrix, %d x %d, per-rail bytes\n", servers, servers);
+    for (int i = 0; i < servers; ++i)
+      for (int j = 0; j < servers; ++j) std::printf("%llu%c", static_cast<unsigned long long>(m(i, j)), j + 1 < servers ? ' ' : '\n');
+    for (bool split : {false, true}) {
+      stage_list out;
+      factorized_decomposer(net).split_pairs(split).decompose(m, out);
+      std::printf("# factorized%s: %zu stages, weight then permutation (i -> perm[i]; -1: idle)\n",
+                  split ? " split" : "", out.size());
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        std::printf("%llu", static_cast<unsigned long long>(out.weights[k]));
+        for (int i = 0; i < servers; ++i) std::printf(" %d", out.perm(k)[i]);
+        std::printf("\n");
+      }
+    }
     return 0;
   }
   const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
