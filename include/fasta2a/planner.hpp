@@ -587,6 +587,7 @@ private:
       used_.resize(G);
       cursor_.resize(G);
       railpos_.resize(G);
+      spilled_.resize(G);
       parent_.resize(G);
       fits_.resize(G);
       bfs_.resize(G);
@@ -603,6 +604,17 @@ private:
     bytes_t* __restrict res = res_.data();
     bytes_t* __restrict y = y_.data();
     for (int k = 0; k < G; ++k) res[k] = cap_[k] - std::min(B(k, k), cap_[k]);
+    // A view walks only the messages that can give it pieces: those of its rail's row and column,
+    // and those with bytes left for other rails (spills), which it marks here, by row: the
+    // diagonal past its rail's capacity, and both messages of a pair that phase 1 cannot place.
+    const std::size_t W = words();
+    const bool view = p.view >= 0;
+    if (view) {
+      if (over_.size() < static_cast<std::size_t>(G) * W) over_.resize(static_cast<std::size_t>(G) * W);
+      std::fill_n(over_.begin(), static_cast<std::size_t>(G) * W, 0);
+      for (int k = 0; k < G; ++k)
+        if (B(k, k) > cap_[k]) set_bit(over_, static_cast<std::size_t>(k), k);
+    }
     // 2. A byte from GPU u to GPU v != u costs one hop on rail u or rail v, two elsewhere.
     //    Maximise the bytes placed on one of their own two rails: a max flow from the pair
     //    {u, v} to rails u and v, started greedily and finished with augmenting paths.
@@ -630,7 +642,6 @@ private:
         res[u] -= out;
       }
     } else {
-      const std::size_t W = words();
       if (nz_.size() < static_cast<std::size_t>(G) * W) {
         nz_.resize(static_cast<std::size_t>(G) * W);
         room_.resize(W);
@@ -666,6 +677,10 @@ private:
           place(u, w, x, G);
           left -= x;
           if (left > 0) augment(u, w, left, G);
+          if (left > 0 && view) {
+            set_bit(over_, static_cast<std::size_t>(u), w);
+            set_bit(over_, static_cast<std::size_t>(w), u);
+          }
         }
     }
 
@@ -683,55 +698,49 @@ private:
       used_[k] = 0;
       railpos_[k] = 0;
     }
-    bytes_t* railpos = railpos_.data();
-    const rank_t view = p.view;
-    // What a rank's view keeps of this pair: its own messages, and whatever rides its rail (the
-    // pair touches its server). A chunk it does not keep only advances its rail's stream.
-    const int my_rail = view < 0 ? -1 : view % G;
+    // Rail a's bytes of message a -> b, and rail b's. Pair {a, b} holds y(a, b) bytes on rail a
+    // and y(b, a) on rail b, for both directions: a -> b takes rail a first (the sender's own
+    // NIC), and b -> a (which prefers rail b) gets the rest. The diagonal rides its own rail up to
+    // its capacity.
+    auto split = [&](int a, int b, bytes_t& mine_a, bytes_t& mine_b) FASTA2A_INLINE {
+      const bytes_t v = B(a, b);
+      if (a == b) {
+        mine_a = std::min(v, cap_[a]);
+        mine_b = 0;
+      } else {
+        const bytes_t on_a = y[a * G + b], on_b = y[b * G + a];
+        mine_a = std::min(v, on_a);
+        mine_b = std::min(v - mine_a, on_b - std::min(B(b, a), on_b));
+      }
+    };
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
     int spill = 0;
+    auto next_spill = [&](bytes_t left, int& k) FASTA2A_INLINE { // the rail and the bytes
+      while (spill < G && res_[spill] == 0) ++spill;
+      if (spill == G) pair_overflow(s, d);
+      const bytes_t x = std::min(left, res_[spill]);
+      res_[spill] -= x;
+      k = spill;
+      return x;
+    };
+    if (view) {
+      emit_view_pair(p, c, B, split, next_spill);
+      return;
+    }
     for (int a = 0; a < G; ++a)
       for (int b = 0; b < G; ++b) {
-        const bytes_t v = B(a, b);
-        // Rail a's bytes of message a -> b, and rail b's. Pair {a, b} holds y(a, b) bytes on
-        // rail a and y(b, a) on rail b, for both directions: a -> b takes rail a first (the
-        // sender's own NIC), and b -> a (which prefers rail b) gets the rest. The diagonal rides
-        // its own rail up to its capacity.
-        bytes_t mine_a, mine_b = 0;
-        if (a == b) {
-          mine_a = std::min(v, cap_[a]);
-        } else {
-          const bytes_t on_a = y[a * G + b], on_b = y[b * G + a];
-          mine_a = std::min(v, on_a);
-          mine_b = std::min(v - mine_a, on_b - std::min(B(b, a), on_b));
-        }
-        bytes_t left = v - mine_a - mine_b;
-        // A view skips, advancing the two rails only, a message that is neither its own nor on
-        // its rail: most of them.
-        if (view >= 0 && a != my_rail && b != my_rail && left == 0) {
-          railpos[a] += mine_a;
-          railpos[b] += mine_b;
-          continue;
-        }
+        bytes_t mine_a, mine_b;
+        split(a, b, mine_a, mine_b);
+        bytes_t left = B(a, b) - mine_a - mine_b;
         const rank_t src = s * G + a, dst = d * G + b;
-        const bool mine = view < 0 || view == src || view == dst;
         bytes_t off = 0;
-        auto chunk = [&](int k, bytes_t bytes) FASTA2A_INLINE {
-          if (mine || k == my_rail) emit(p, c, src, dst, k, bytes, off, mine);
-          else {
-            railpos[k] += bytes;
-            off += bytes;
-          }
-        };
         open_message(p, src, dst);
-        chunk(a, mine_a);
-        if (a != b) chunk(b, mine_b);
+        emit(p, c, src, dst, a, mine_a, off, true);
+        if (a != b) emit(p, c, src, dst, b, mine_b, off, true);
         while (left > 0) {
-          while (spill < G && res_[spill] == 0) ++spill;
-          if (spill == G) pair_overflow(s, d);
-          const bytes_t x = std::min(left, res_[spill]);
-          res_[spill] -= x;
-          chunk(spill, x);
+          int k;
+          const bytes_t x = next_spill(left, k);
+          emit(p, c, src, dst, k, x, off, true);
           left -= x;
         }
         close_message(p, src, dst);
@@ -787,6 +796,80 @@ private:
       pos += x;
       off += x;
     }
+  }
+
+  // A rank's view of server pair (s, d), which touches its server: the pieces of its own messages
+  // (its rail m's row of the block where it sends, rail m's column where it receives), and the
+  // pieces on rail m (of that row and column, and spills). Only those messages are walked, with
+  // the ones that spill (over_: spill rails are taken in message order), in the whole plan's
+  // order. Every byte on rail m comes from a walked message, so rail m's stream advances as in
+  // the whole plan. Another rail's position, needed only for the view's own messages, is what the
+  // messages before put on it: their bytes on their own rails (`before`, from phase 1's y) and the
+  // spills walked so far. A rail's positions still come in stream order, as emit's stage search
+  // needs.
+  template <class Block, class Split, class Spill>
+  FASTA2A_INLINE void emit_view_pair(plan& p, const pair_cursor& c, const Block& B, const Split& split,
+                                     Spill& next_spill) {
+    const int G = gpus();
+    const std::size_t W = words();
+    const int m = p.view % G, s = c.s, d = c.d;
+    const bool sends = s == p.view / G; // else it receives: the pair's destination is its server
+    const bytes_t* y = y_.data();
+    bytes_t* railpos = railpos_.data();
+    bytes_t* spilled = spilled_.data(); // spills onto each rail so far
+    std::fill_n(spilled, G, 0);
+    // Rail k's position just before message a -> b, spills aside, from row k alone. Message k -> o
+    // puts min(B(k, o), y(k, o)) on rail k (the diagonal: up to the capacity), and o -> k its second
+    // share (split), which is the rest of y(k, o): a pair never has more bytes on its two rails
+    // than it holds, y(k, o) + y(o, k) <= B(k, o) + B(o, k), and then the two shares sum to y(k, o).
+    // So a pair whose two messages both come first adds y(k, o), and one whose o -> k alone does
+    // adds y(k, o) less k -> o's share (the sum wraps, exactly, where that share comes later).
+    auto before = [&](int k, int a, int b) FASTA2A_INLINE {
+      const bytes_t* yk = y + static_cast<std::size_t>(k) * G;
+      bytes_t pos = 0;
+      for (int o = 0; o < G; ++o) {
+        const bool ko = k < a || (k == a && o < b), ok = o < a || (o == a && k < b); // k -> o, o -> k first
+        const bytes_t own = std::min(B(k, o), o == k ? cap_[k] : yk[o]);
+        if (o == k) pos += ko ? own : 0;
+        else pos += (ok ? yk[o] : 0) + (ko == ok ? 0 : ko ? own : -own);
+      }
+      return pos;
+    };
+    for (int a = 0; a < G; ++a)
+      for (std::size_t w = 0; w < W; ++w) {
+        // This row's messages to walk: all of rail m's row, rail m's column, and the spills.
+        const int first = static_cast<int>(w) * bits, in_word = std::min(G - first, bits);
+        std::uint64_t todo = over_[static_cast<std::size_t>(a) * W + w];
+        if (a == m) todo = in_word == bits ? ~std::uint64_t{0} : (std::uint64_t{1} << in_word) - 1;
+        else if (m >= first && m < first + in_word) todo |= std::uint64_t{1} << (m - first);
+        for (; todo != 0; todo &= todo - 1) {
+          const int b = first + std::countr_zero(todo);
+          bytes_t mine_a, mine_b;
+          split(a, b, mine_a, mine_b);
+          bytes_t left = B(a, b) - mine_a - mine_b;
+          const rank_t src = s * G + a, dst = d * G + b;
+          const bool mine = sends ? a == m : b == m;
+          bytes_t off = 0;
+          auto chunk = [&](int k, bytes_t bytes) FASTA2A_INLINE {
+            if (k == m) emit(p, c, src, dst, k, bytes, off, mine);
+            else if (mine && bytes > 0) {
+              // No earlier chunk of this message is on rail k: its own rails come first, and a
+              // spill rail is neither of them (their room is used up) nor taken twice.
+              railpos[k] = before(k, a, b) + spilled[k];
+              emit(p, c, src, dst, k, bytes, off, mine);
+            } else off += bytes;
+          };
+          chunk(a, mine_a);
+          if (a != b) chunk(b, mine_b);
+          while (left > 0) {
+            int k;
+            const bytes_t x = next_spill(left, k);
+            chunk(k, x);
+            if (k != m) spilled[k] += x;
+            left -= x;
+          }
+        }
+      }
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] static void rail_overflow(int k, int s, int d) {
@@ -880,7 +963,7 @@ private:
   std::vector<std::size_t> pair_first_, fill_;
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
-  std::vector<bytes_t> cap_, res_, y_, used_, railpos_;
+  std::vector<bytes_t> cap_, res_, y_, used_, railpos_, spilled_;
   std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities (a view: pair_slot)
   detail::staging_layout layout_;                   // a whole plan's staging bases
   std::vector<bytes_t> other_caps_, view_out_, view_in_, out_sum_, in_sum_; // a view's (rail_layout)
@@ -888,6 +971,7 @@ private:
   std::vector<std::size_t> cursor_;
   std::vector<int> parent_, bfs_;
   std::vector<std::uint64_t> nz_, room_, seen_;     // phase 1's bit sets (augment)
+  std::vector<std::uint64_t> over_;                 // a view's messages with bytes to spill, by row
   std::vector<char> fits_;                          // phase 1: rails that can take all their pairs
   detail::index_builder<static_gpus_v<Topo>> index_;
 };
