@@ -541,6 +541,56 @@ TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
   CHECK_THROWS_WITH_AS(planner<fixed_topology<8>>(h200_cluster(4)).make_rank(t, 32), doctest::Contains("not in a topology"), error);
 }
 
+TEST_CASE("planner.rank_views_equal_the_whole_plan_where_messages_spill_onto_third_rails") {
+  // A view walks only its rail's row and column of each block and the messages that spill (bytes
+  // that ride a third rail), and works out other rails' positions from phase 1: checked on
+  // matrices made to spill (diagonals past their rail's capacity, one heavy sender per server),
+  // at G = 8 with the compile-time topology and at G = 70 (bit sets of two words), with and without
+  // a staging budget. The pieces, ops and staging of every view equal the whole plan's for it.
+  std::mt19937_64 rng(2026);
+  std::size_t spilled = 0;
+  auto spills = [](const plan& p) {
+    std::size_t k = 0;
+    for (const piece& pc : p.pieces)
+      k += pc.rail >= 0 && pc.rail != pc.src % p.gpus_per_server && pc.rail != pc.dst % p.gpus_per_server;
+    return k;
+  };
+  for (int iter = 0; iter < 24; ++iter) {
+    const int G = iter % 3 == 0 ? 8 : iter % 3 == 1 ? 3 + static_cast<int>(rng() % 7) : 70;
+    const int S = 2 + static_cast<int>(rng() % (G == 70 ? 2 : 4));
+    const rank_t n = S * G;
+    const bytes_t granule = 1 + rng() % 4;
+    traffic_matrix t = traffic_matrix::Zero(n, n);
+    for (rank_t i = 0; i < n; ++i)
+      for (rank_t j = 0; j < n; ++j) {
+        bytes_t x = rng() % 4 == 0 ? rng() % 1000 : 0;
+        if (i % G == j % G && rng() % 2 == 0) x += rng() % 100000;
+        if (i % G == 0) x += rng() % 50000;
+        t(i, j) = x * granule;
+      }
+    plan_options opt{.granule = granule};
+    if (iter % 2 == 1) opt.staging_budget = 64 * granule * opt.staging_slots + rng() % 100000;
+    CAPTURE(iter);
+    CAPTURE(G);
+    CAPTURE(S);
+    auto check_views = [&](auto pl) {
+      const plan whole = pl.make(t);
+      CHECK(verify(whole, t).ok);
+      spilled += spills(whole);
+      plan view;
+      for (rank_t r = 0; r < n; ++r) {
+        pl.make_rank_into(t, r, view);
+        CHECK(view.staging_bytes == whole.staging_bytes);
+        CHECK(rank_work(view, r) == rank_work(whole, r));
+      }
+    };
+    if (G == 8) check_views(planner<fixed_topology<8>>(h200_cluster(S), opt));
+    else check_views(planner<two_tier_topology>(two_tier_topology(S, G), opt));
+  }
+  MESSAGE(spilled << " pieces spilled onto third rails");
+  CHECK(spilled >= 1000);
+}
+
 TEST_CASE("planner.staging_layout_is_the_one_read_back_plans_get") {
   // The planner lays staging out from rail capacities before any piece exists; a plan read back
   // from its pieces (detail::assign_staging) gets its layout from the pieces. Both go through
