@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
     for (bool split : {false, true}) {
       stage_list out;
       factorized_decomposer(net).split_pairs(split).decompose(m, out);
-      std::printf("# factorized%s: %zu stages, weight then permutation (i -> perm[i]; -1: idle)\n",
+      std::printf("# factorized%s: %zu stages, weight then permutation (i -> perm[i]; -1 or i: idle)\n",
                   split ? " split" : "", out.size());
       for (std::size_t k = 0; k < out.size(); ++k) {
         std::printf("%llu", static_cast<unsigned long long>(out.weights[k]));
