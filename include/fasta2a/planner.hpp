@@ -104,9 +104,27 @@ inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes
   const bytes_t whole = rem / granule, part = rem % granule;
   if constexpr (SG == 8) {
     // Eight rails (H200 and MI300X servers): the order by a sorting network (Batcher's odd-even
-    // merge sort, 19 branch-free compare-exchanges on (diagonal, rail)), then the deal along it:
-    // about a third of the repeated maximum's instructions, on every server pair of every plan.
-    bytes_t d[8];
+    // merge sort, 19 compare-exchanges), then the deal along it. Diagonals below 2^61 are sorted as
+    // one key each, (diagonal, 7 - rail): keys are distinct, and a compare-exchange is a min and a
+    // max, without the branches that data-dependent comparisons of (diagonal, rail) mispredict.
+    bytes_t key[8], top = 0;
+    for (int j = 0; j < 8; ++j) top |= diag[static_cast<std::size_t>(j) * stride];
+    if (top >> 61 == 0) {
+      for (int j = 0; j < 8; ++j) key[j] = diag[static_cast<std::size_t>(j) * stride] << 3 | static_cast<bytes_t>(7 - j);
+      auto cx = [&](int a, int b) FASTA2A_INLINE { // afterwards the larger key comes first
+        const bytes_t ka = key[a], kb = key[b];
+        const bytes_t hi = ka > kb ? ka : kb;
+        key[a] = hi, key[b] = ka ^ kb ^ hi;
+      };
+      cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
+      cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
+      for (int k = 0; k < 8; ++k) {
+        const bytes_t place = static_cast<bytes_t>(k);
+        cap[7 - (key[k] & 7)] += (-static_cast<bytes_t>(place < whole) & granule) | (-static_cast<bytes_t>(place == whole) & part);
+      }
+      return base + std::min(rem, granule);
+    }
+    bytes_t d[8]; // diagonals of 2^61 bytes or more: (diagonal, rail) pairs
     int r[8];
     for (int j = 0; j < 8; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride], r[j] = j;
     auto cx = [&](int a, int b) { // afterwards (d[a], r[a]) comes first: larger diagonal, then lower rail
@@ -154,10 +172,11 @@ inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes
 
 /// The per-rail bytes from server s to server d in a FAST plan: the largest rail capacity of the
 /// pair, which depends only on the pair's total bytes.
-inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) {
-  const bytes_t unit = static_cast<bytes_t>(gpus) * granule;
-  const bytes_t base = (v / unit) * granule;
-  const bytes_t rem = v - base * gpus;
+/// rail_capacities returns the same, without ordering the rails.
+inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) noexcept {
+  bytes_t unit = 0; // G x granule past 64 bits: no rail gets a whole granule (as rail_capacities)
+  const bytes_t base = __builtin_mul_overflow(static_cast<bytes_t>(gpus), granule, &unit) ? 0 : (v / unit) * granule;
+  const bytes_t rem = v - base * static_cast<bytes_t>(gpus);
   return base + std::min(rem, granule); // the first rail's share of the remainder
 }
 
@@ -664,18 +683,15 @@ private:
             continue;
           }
           y[u * G + w] = y[w * G + u] = 0;
-          bytes_t x = std::min(uw, res[u]);
-          place(u, w, x, G);
-          uw -= x;
-          x = std::min(wu, res[w]);
-          place(w, u, x, G);
-          wu -= x;
-          x = std::min(uw + wu, res[w]); // what is left of u -> w may use w's rail
-          place(w, u, x, G);
-          bytes_t left = uw + wu - x;
-          x = std::min(left, res[u]);
-          place(u, w, x, G);
-          left -= x;
+          // Each message on its sender's rail, then what is left of u -> w on w's rail and of the
+          // pair on u's: four amounts, placed as two.
+          const bytes_t x1 = bmin(uw, res[u]), x2 = bmin(wu, res[w]);
+          const bytes_t x3 = bmin(uw + wu - x1 - x2, res[w] - x2);
+          bytes_t left = uw + wu - x1 - x2 - x3;
+          const bytes_t x4 = bmin(left, res[u] - x1);
+          left -= x4;
+          place(u, w, x1 + x4, G);
+          place(w, u, x2 + x3, G);
           if (left > 0) augment(u, w, left, G);
           if (left > 0 && view) {
             set_bit(over_, static_cast<std::size_t>(u), w);
@@ -709,8 +725,8 @@ private:
         mine_b = 0;
       } else {
         const bytes_t on_a = y[a * G + b], on_b = y[b * G + a];
-        mine_a = std::min(v, on_a);
-        mine_b = std::min(v - mine_a, on_b - std::min(B(b, a), on_b));
+        mine_a = bmin(v, on_a);
+        mine_b = bmin(v - mine_a, on_b - bmin(B(b, a), on_b));
       }
     };
     // Rails with capacity left take what did not fit on a message's own rails (two hops).
@@ -826,12 +842,13 @@ private:
     // adds y(k, o) less k -> o's share (the sum wraps, exactly, where that share comes later).
     auto before = [&](int k, int a, int b) FASTA2A_INLINE {
       const bytes_t* yk = y + static_cast<std::size_t>(k) * G;
-      bytes_t pos = 0;
+      // k -> o comes first where o < ko_end, o -> k where o < ok_end; summed without branches.
+      const int ko_end = k < a ? G : k == a ? b : 0, ok_end = a + (k < b);
+      bytes_t pos = k < ko_end ? bmin(B(k, k), cap_[k]) : 0; // the diagonal
       for (int o = 0; o < G; ++o) {
-        const bool ko = k < a || (k == a && o < b), ok = o < a || (o == a && k < b); // k -> o, o -> k first
-        const bytes_t own = std::min(B(k, o), o == k ? cap_[k] : yk[o]);
-        if (o == k) pos += ko ? own : 0;
-        else pos += (ok ? yk[o] : 0) + (ko == ok ? 0 : ko ? own : -own);
+        const bytes_t own = bmin(B(k, o), yk[o]);
+        const bytes_t ko = -static_cast<bytes_t>(o < ko_end), ok = -static_cast<bytes_t>(o < ok_end);
+        pos += o == k ? 0 : (ok & yk[o]) + (ko & own) - (ok & own);
       }
       return pos;
     };
@@ -887,19 +904,30 @@ private:
   // neighbours a word at a time instead of testing every rail.
   static constexpr int bits = 64;
   std::size_t words() const noexcept { return (static_cast<std::size_t>(gpus()) + bits - 1) / bits; }
+  // (Rails are not negative: unsigned division by 64 is a shift, signed is not.)
   void set_bit(std::vector<std::uint64_t>& v, std::size_t row, int z) noexcept {
-    v[row * words() + static_cast<std::size_t>(z / bits)] |= std::uint64_t{1} << (z % bits);
+    const auto u = static_cast<unsigned>(z);
+    v[row * words() + u / bits] |= std::uint64_t{1} << (u % bits);
   }
   void clear_bit(std::vector<std::uint64_t>& v, std::size_t row, int z) noexcept {
-    v[row * words() + static_cast<std::size_t>(z / bits)] &= ~(std::uint64_t{1} << (z % bits));
+    const auto u = static_cast<unsigned>(z);
+    v[row * words() + u / bits] &= ~(std::uint64_t{1} << (u % bits));
+  }
+
+  // The smaller of two byte counts without a branch: phase 1 compares bytes with room, which
+  // goes either way with the data, and a compiler may branch on std::min.
+  static FASTA2A_INLINE bytes_t bmin(bytes_t a, bytes_t b) noexcept {
+    return b ^ ((a ^ b) & -static_cast<bytes_t>(a < b));
   }
 
   // y(x, o) += amount: pair {x, o} places `amount` more bytes on rail x.
+  // Branch-free: whether amount is 0, or fills the rail, depends on the data.
   FASTA2A_INLINE void place(int x, int o, bytes_t amount, int G) {
-    if (amount == 0) return;
     y_[x * G + o] += amount;
-    set_bit(nz_, static_cast<std::size_t>(x), o);
-    if ((res_[x] -= amount) == 0) clear_bit(room_, 0, x);
+    const auto ux = static_cast<unsigned>(x), uo = static_cast<unsigned>(o);
+    nz_[ux * words() + uo / bits] |= static_cast<std::uint64_t>(amount != 0) << (uo % bits);
+    const bytes_t left = res_[x] -= amount;
+    room_[ux / bits] &= ~(static_cast<std::uint64_t>(left == 0) << (ux % bits));
   }
 
   // Augmenting paths over rails for `left` bytes of pair {u, w} whose own rails are full: shift
