@@ -107,38 +107,36 @@ inline bytes_t rail_capacities(bytes_t v, int gpus, bytes_t granule, const bytes
     // merge sort, 19 compare-exchanges), then the deal along it. Diagonals below 2^61 are sorted as
     // one key each, (diagonal, 7 - rail): keys are distinct, and a compare-exchange is a min and a
     // max, without the branches that data-dependent comparisons of (diagonal, rail) mispredict.
-    bytes_t key[8], top = 0;
+    auto network = [](auto&& cx) FASTA2A_INLINE {
+      cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
+      cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
+    };
+    int r[8]; // the rails in order
+    bytes_t top = 0;
     for (int j = 0; j < 8; ++j) top |= diag[static_cast<std::size_t>(j) * stride];
     if (top >> 61 == 0) {
+      bytes_t key[8];
       for (int j = 0; j < 8; ++j) key[j] = diag[static_cast<std::size_t>(j) * stride] << 3 | static_cast<bytes_t>(7 - j);
-      auto cx = [&](int a, int b) FASTA2A_INLINE { // afterwards the larger key comes first
+      network([&](int a, int b) FASTA2A_INLINE { // afterwards the larger key comes first
         const bytes_t ka = key[a], kb = key[b];
         const bytes_t hi = ka > kb ? ka : kb;
         key[a] = hi, key[b] = ka ^ kb ^ hi;
-      };
-      cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
-      cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
-      for (int k = 0; k < 8; ++k) {
-        const bytes_t place = static_cast<bytes_t>(k);
-        cap[7 - (key[k] & 7)] += (-static_cast<bytes_t>(place < whole) & granule) | (-static_cast<bytes_t>(place == whole) & part);
-      }
-      return base + std::min(rem, granule);
+      });
+      for (int k = 0; k < 8; ++k) r[k] = 7 - static_cast<int>(key[k] & 7);
+    } else { // diagonals of 2^61 bytes or more: (diagonal, rail) pairs
+      bytes_t d[8];
+      for (int j = 0; j < 8; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride], r[j] = j;
+      network([&](int a, int b) { // afterwards (d[a], r[a]) comes first: larger diagonal, then lower rail
+        const bool swap = d[b] > d[a] || (d[b] == d[a] && r[b] < r[a]);
+        const bytes_t da = d[a], db = d[b];
+        const int ra = r[a], rb = r[b];
+        d[a] = swap ? db : da, d[b] = swap ? da : db;
+        r[a] = swap ? rb : ra, r[b] = swap ? ra : rb;
+      });
     }
-    bytes_t d[8]; // diagonals of 2^61 bytes or more: (diagonal, rail) pairs
-    int r[8];
-    for (int j = 0; j < 8; ++j) d[j] = diag[static_cast<std::size_t>(j) * stride], r[j] = j;
-    auto cx = [&](int a, int b) { // afterwards (d[a], r[a]) comes first: larger diagonal, then lower rail
-      const bool swap = d[b] > d[a] || (d[b] == d[a] && r[b] < r[a]);
-      const bytes_t da = d[a], db = d[b];
-      const int ra = r[a], rb = r[b];
-      d[a] = swap ? db : da, d[b] = swap ? da : db;
-      r[a] = swap ? rb : ra, r[b] = swap ? ra : rb;
-    };
-    cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
-    cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
     for (int k = 0; k < 8; ++k) {
       const bytes_t place = static_cast<bytes_t>(k);
-      cap[r[k]] += place < whole ? granule : place == whole ? part : 0;
+      cap[r[k]] += (-static_cast<bytes_t>(place < whole) & granule) | (-static_cast<bytes_t>(place == whole) & part);
     }
   } else if (gpus <= 64) {
     bytes_t d[64];
