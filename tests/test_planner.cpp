@@ -399,6 +399,26 @@ TEST_CASE("planner.deterministic_and_reusable") {
   }
 }
 
+// Phase 1's augmenting search has a one-word form for 8 rails known at compile time
+// (fixed_topology<8>) and a general one (two_tier_topology): the same paths, so the same plans,
+// whole and per rank, on the trace's skewed blocks where most pairs of rails need augmenting.
+TEST_CASE("phase1.the_8_rail_search_finds_the_general_search_paths") {
+  if (!have_megatron()) return;
+  const auto trace = read_trace(megatron, 32, 8192);
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 60; ++iter) {
+    const traffic_matrix& m = trace[rng() % trace.size()];
+    const bytes_t granule = bytes_t{1} << (rng() % 14); // 1 B to 8 KiB: rails fill unevenly
+    planner<fixed_topology<8>> fixed(h200_cluster(4), {.granule = granule});
+    planner<two_tier_topology> general(two_tier_topology(4, 8), {.granule = granule});
+    const plan a = fixed.make(m), b = general.make(m);
+    REQUIRE(a.pieces == b.pieces);
+    CHECK(a.scaleup_bytes == b.scaleup_bytes);
+    const rank_t r = static_cast<rank_t>(rng() % 32);
+    CHECK(fixed.make_rank(m, r).pieces == general.make_rank(m, r).pieces);
+  }
+}
+
 TEST_CASE("phase1.balances_rails_and_keeps_own_rail_traffic_local") {
   // A server pair whose traffic is all GPU k -> GPU k and already balanced needs no scale-up.
   const two_tier_topology topo(2, 4);

@@ -932,6 +932,10 @@ private:
   // bytes of other pairs off a full rail onto their other rail until one with room is reached.
   // Breadth-first from {u, w}, neighbours in increasing rail order.
   void augment(int u, int w, bytes_t& left, int G) {
+    if constexpr (static_gpus_v<Topo> > 0 && static_gpus_v<Topo> <= 8) {
+      augment_small(u, w, left, G);
+      return;
+    }
     const std::size_t W = words();
     while (left > 0) {
       std::fill(seen_.begin(), seen_.end(), 0);
@@ -970,6 +974,67 @@ private:
         if ((y_[x * G + z] -= amt) == 0) clear_bit(nz_, static_cast<std::size_t>(x), z);
         y_[z * G + x] += amt;
         set_bit(nz_, static_cast<std::size_t>(z), x);
+      }
+      if ((res_[found] -= amt) == 0) clear_bit(room_, 0, found);
+      const int other = start == u ? w : u;
+      y_[start * G + other] += amt;
+      set_bit(nz_, static_cast<std::size_t>(start), other);
+      left -= amt;
+    }
+  }
+
+  // The rails of an 8-bit set in increasing order, 8 to an entry (the unused ones 0), and how
+  // many: a breadth-first step appends a rail's new neighbours with one copy instead of a loop
+  // over its bits, which mispredicts where the neighbour count varies with the data.
+  struct bit_list {
+    std::uint8_t rail[256][8];
+    constexpr bit_list() : rail{} {
+      for (int m = 0; m < 256; ++m)
+        for (int b = 0, n = 0; b < 8; ++b)
+          if (m >> b & 1) rail[m][n++] = static_cast<std::uint8_t>(b);
+    }
+  };
+  static constexpr bit_list rails_of_{};
+  // augment for at most 8 rails (one word of bits), with the same search and the same paths: the
+  // queue holds each visited rail with the queue position of the rail it was reached from, so the
+  // path is walked back through positions, and a rail's new neighbours are appended at once.
+  FASTA2A_INLINE void augment_small(int u, int w, bytes_t& left, int G) {
+    std::uint8_t q[24], from[24]; // every rail is queued at most once; a step writes 8 past tail
+    while (left > 0) {
+      const std::uint64_t room = room_[0];
+      std::uint64_t seen = (std::uint64_t{1} << u) | (std::uint64_t{1} << w);
+      q[0] = static_cast<std::uint8_t>(u);
+      q[1] = static_cast<std::uint8_t>(w);
+      int head = 0, tail = 2, found = -1;
+      for (; head < tail; ++head) {
+        const int x = q[head];
+        const std::uint64_t next = nz_[static_cast<std::size_t>(x)] & ~seen;
+        if (const std::uint64_t hit = next & room) {
+          found = std::countr_zero(hit);
+          break;
+        }
+        seen |= next;
+        std::memcpy(q + tail, rails_of_.rail[next], 8);
+        std::memset(from + tail, head, 8);
+        tail += std::popcount(next);
+      }
+      if (found < 0) return; // the rest must ride rails that cost two hops
+      // The path found <- q[head] <- q[from[head]] <- ... <- q[0] or q[1] (u or w).
+      bytes_t amt = std::min(left, res_[found]);
+      for (int z = found, at = head;; z = q[at], at = from[at]) {
+        amt = std::min(amt, y_[q[at] * G + z]);
+        if (at < 2) break;
+      }
+      int start = u;
+      for (int z = found, at = head;; z = q[at], at = from[at]) {
+        const int x = q[at];
+        if ((y_[x * G + z] -= amt) == 0) clear_bit(nz_, static_cast<std::size_t>(x), z);
+        y_[z * G + x] += amt;
+        set_bit(nz_, static_cast<std::size_t>(z), x);
+        if (at < 2) {
+          start = x;
+          break;
+        }
       }
       if ((res_[found] -= amt) == 0) clear_bit(room_, 0, found);
       const int other = start == u ? w : u;
