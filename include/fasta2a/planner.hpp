@@ -983,9 +983,9 @@ private:
     }
   }
 
-  // The rails of an 8-bit set in increasing order, 8 to an entry (the unused ones 0), and how
-  // many: a breadth-first step appends a rail's new neighbours with one copy instead of a loop
-  // over its bits, which mispredicts where the neighbour count varies with the data.
+  // The rails of an 8-bit set in increasing order, 8 to an entry (the unused ones 0; popcount
+  // says how many are used): a breadth-first step appends a rail's new neighbours with one copy
+  // instead of a loop over its bits, which mispredicts where the neighbour count varies with the data.
   struct bit_list {
     std::uint8_t rail[256][8];
     constexpr bit_list() : rail{} {
