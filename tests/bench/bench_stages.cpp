@@ -5,6 +5,8 @@
 // Usage: bench_stages [max_servers] (default 512: up to 4096 GPUs; the largest take minutes)
 //        bench_stages --lb-alpha [max_servers]   every decomposer against LB_alpha at alpha 10 us,
 //                                64 MiB per GPU, 64 to 4096 GPUs, with the unsplit bound
+//        bench_stages --per-rail [max_servers]  an experiment: per-rail schedules (each rail its own
+//                                stages) in the model, against LB_alpha and FAST's best
 //        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
 //                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
 //                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
@@ -136,9 +138,22 @@ double unsplit_bound(const server_matrix& m, const scaleout_model& net) {
 // The stage-aware bound's acceptance grid of issue 13 (alpha 10 us, 64 MiB per GPU): each
 // decomposer's modelled scale-out time over LB_alpha = LB_out + (S - 1) alpha, the best of them,
 // and the unsplit bound (above) over LB_alpha.
+// A workload of issue 13's grid (64 MiB per GPU, granule 8192) on `servers` servers of 8 GPUs; empty
+// for the tiled Megatron trace where it was not found.
+traffic_matrix grid_traffic(const std::string& w, int servers, const std::vector<traffic_matrix>& trace) {
+  const bytes_t per_gpu = bytes_t{64} << 20, granule = 8192;
+  const rank_t n = servers * 8;
+  if (w == "zipf(0.8)") return zipf_traffic(n, 0.8, per_gpu, 1, granule);
+  if (w == "zipf(1.0)") return zipf_traffic(n, 1.0, per_gpu, 1, granule);
+  if (w == "zipf(1.2)") return zipf_traffic(n, 1.2, per_gpu, 1, granule);
+  if (w == "hotspot") return hotspot_traffic(n, std::max(1, n / 16), 0.5, per_gpu, 1, granule);
+  if (!trace.empty()) return megatron_tiled(trace, servers, per_gpu);
+  return {};
+}
+
 void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
   const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
-  const bytes_t per_gpu = bytes_t{64} << 20, granule = 8192;
+  const bytes_t granule = 8192;
   std::printf("# scale-out phase in the alpha-beta MODEL (alpha 10 us, 50 GB/s), 64 MiB per GPU: modelled time / LB_alpha,\n"
               "# LB_alpha = LB_out + (S - 1) alpha; stages in brackets. unsplit: the least any schedule serving each\n"
               "# server pair in one stage can reach (a bound, not a decomposition), over LB_alpha. factorized split: in\n"
@@ -149,14 +164,8 @@ void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
     if (servers > max_servers) break;
     for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
       const rank_t n = servers * 8;
-      const std::string w = workload;
-      traffic_matrix t;
-      if (w == "zipf(0.8)") t = zipf_traffic(n, 0.8, per_gpu, 1, granule);
-      else if (w == "zipf(1.0)") t = zipf_traffic(n, 1.0, per_gpu, 1, granule);
-      else if (w == "zipf(1.2)") t = zipf_traffic(n, 1.2, per_gpu, 1, granule);
-      else if (w == "hotspot") t = hotspot_traffic(n, std::max(1, n / 16), 0.5, per_gpu, 1, granule);
-      else if (!trace.empty()) t = megatron_tiled(trace, servers, per_gpu);
-      else continue;
+      const traffic_matrix t = grid_traffic(workload, servers, trace);
+      if (t.size() == 0) continue;
       const server_matrix m = rail_matrix(t, servers, granule);
       const double lb_alpha = static_cast<double>(max_line_sum(m)) / net.bandwidth + (servers - 1) * net.alpha_s;
       std::string cells;
@@ -206,6 +215,109 @@ void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
   }
 }
 
+// An experiment the library's plans cannot express (their stages are server-level permutations,
+// every rail of a server in step): per-rail schedules. Each server pair's bytes ride one rail (the
+// rail r where the larger of server s's and server d's loads on r grows least, pairs largest
+// first), rail r's NICs follow their own stages (each NIC sends to one NIC of its rail and
+// receives from one per stage, so no incast), and the call takes as long as the slowest rail. Each
+// rail's matrix is decomposed by slack, quantised, spread-out and factorized (split mode) and the
+// fastest in the model kept (as FAST's server-level matrix is: the decomposers that win on
+// --lb-alpha's grid). Model times over LB_alpha (which assumes all rails in step), and the scale-up
+// bytes such a phase 1 moves (a byte from GPU u to GPU v of a pair on rail r takes (u != r) +
+// (v != r) hops) over FAST's (the planner's whole plan, up to 320 GPUs).
+void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers) {
+  const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
+  const bytes_t granule = 8192;
+  const int G = 8;
+  std::printf("# per-rail schedules in the alpha-beta MODEL (alpha 10 us, 50 GB/s), 64 MiB per GPU: the slowest rail's\n"
+              "# modelled time / LB_alpha, its stages, the rails' stages min-max; FAST best: the best server-level\n"
+              "# decomposition (--lb-alpha's best); scale-up: bytes over scale-up links per byte of traffic.\n");
+  std::printf("| workload | GPUs | FAST best | per-rail | stages (slowest rail) | rails' stages | scale-up FAST | scale-up per-rail |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (int servers : {8, 40, 128, 512}) {
+    if (servers > max_servers) break;
+    for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
+      const rank_t n = servers * G;
+      const traffic_matrix t = grid_traffic(workload, servers, trace);
+      if (t.size() == 0) continue;
+      const server_matrix m = rail_matrix(t, servers, granule);
+      const double lb_alpha = static_cast<double>(max_line_sum(m)) / net.bandwidth + (servers - 1) * net.alpha_s;
+      // FAST: the best of the server-level decomposers, as in --lb-alpha.
+      double fast = 0;
+      auto best_of = [&](const server_matrix& x, auto&& f) {
+        double best = 0;
+        std::size_t stages = 0;
+        auto one = [&](auto dec) {
+          stage_list out;
+          dec.decompose(x, out);
+          const double time = net.stages_time(out.weights);
+          if (best == 0 || time < best) best = time, stages = out.size();
+        };
+        one(slack_decomposer{});
+        one(quantized_decomposer(net, quantum_rule::formula));
+        one(spread_out_decomposer{});
+        one(factorized_decomposer(net).split_pairs(true));
+        f(best, stages);
+      };
+      best_of(m, [&](double time, std::size_t) { fast = time; });
+      // Pairs largest first onto the rail where the larger of the two servers' loads grows least.
+      struct pair_load {
+        bytes_t bytes;
+        int s, d;
+      };
+      std::vector<pair_load> pairs;
+      for (int s = 0; s < servers; ++s)
+        for (int d = 0; d < servers; ++d)
+          if (s != d)
+            if (const bytes_t b = t.block(s * G, d * G, G, G).sum(); b > 0)
+              pairs.push_back({(b + granule - 1) / granule * granule, s, d});
+      std::stable_sort(pairs.begin(), pairs.end(), [](const pair_load& a, const pair_load& b) { return a.bytes > b.bytes; });
+      std::vector<server_matrix> rail(G, server_matrix::Zero(servers, servers));
+      std::vector<bytes_t> out_load(static_cast<std::size_t>(G) * servers, 0), in_load(out_load);
+      long double hops = 0;
+      for (const pair_load& pl : pairs) {
+        int best = 0;
+        bytes_t best_top = ~bytes_t{0};
+        for (int r = 0; r < G; ++r) {
+          const bytes_t top = std::max(out_load[r * servers + pl.s], in_load[r * servers + pl.d]) + pl.bytes;
+          if (top < best_top) best_top = top, best = r;
+        }
+        rail[best](pl.s, pl.d) = pl.bytes;
+        out_load[best * servers + pl.s] += pl.bytes;
+        in_load[best * servers + pl.d] += pl.bytes;
+        for (int u = 0; u < G; ++u)
+          for (int v = 0; v < G; ++v) hops += static_cast<long double>(t(pl.s * G + u, pl.d * G + v)) * ((u != best) + (v != best));
+      }
+      double slowest = 0;
+      std::size_t slow_stages = 0, min_stages = ~std::size_t{0}, max_stages = 0;
+      for (int r = 0; r < G; ++r)
+        best_of(rail[r], [&](double time, std::size_t stages) {
+          if (time > slowest) slowest = time, slow_stages = stages;
+          min_stages = std::min(min_stages, stages);
+          max_stages = std::max(max_stages, stages);
+        });
+      long double total = 0;
+      for (rank_t i = 0; i < n; ++i)
+        for (rank_t j = 0; j < n; ++j)
+          if (i / G != j / G) total += static_cast<long double>(t(i, j));
+      char fast_up[32] = "-";
+      if (servers <= 40) {
+        planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(servers), {.granule = granule},
+                                                            factorized_decomposer(net).split_pairs(true));
+        const plan p = pl.make(t);
+        long double intra = 0; // FAST's scale-up bytes count the intra-server traffic too
+        for (rank_t i = 0; i < n; ++i)
+          for (rank_t j = 0; j < n; ++j)
+            if (i / G == j / G && i != j) intra += static_cast<long double>(t(i, j));
+        std::snprintf(fast_up, sizeof fast_up, "%.3f", static_cast<double>((p.scaleup_bytes - intra) / total));
+      }
+      std::printf("| %s | %d | %.3f | **%.3f** | %zu | %zu-%zu | %s | %.3f |\n", workload, n, fast / lb_alpha,
+                  slowest / lb_alpha, slow_stages, min_stages, max_stages, fast_up, static_cast<double>(hops / total));
+      std::fflush(stdout);
+    }
+  }
+}
+
 std::string size_name(bytes_t b) {
   return b >= (bytes_t{1} << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
 }
@@ -247,6 +359,12 @@ int main(int argc, char** argv) {
         std::printf("\n");
       }
     }
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--per-rail") {
+    std::vector<traffic_matrix> trace;
+    if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
+    per_rail_table(trace, argc > 2 ? std::atoi(argv[2]) : 512);
     return 0;
   }
   const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
