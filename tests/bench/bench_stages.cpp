@@ -135,9 +135,6 @@ double unsplit_bound(const server_matrix& m, const scaleout_model& net) {
   return net.phase_time(total, degree);
 }
 
-// The stage-aware bound's acceptance grid of issue 13 (alpha 10 us, 64 MiB per GPU): each
-// decomposer's modelled scale-out time over LB_alpha = LB_out + (S - 1) alpha, the best of them,
-// and the unsplit bound (above) over LB_alpha.
 // A workload of issue 13's grid (64 MiB per GPU, granule 8192) on `servers` servers of 8 GPUs; empty
 // for the tiled Megatron trace where it was not found.
 traffic_matrix grid_traffic(const std::string& w, int servers, const std::vector<traffic_matrix>& trace) {
@@ -151,6 +148,9 @@ traffic_matrix grid_traffic(const std::string& w, int servers, const std::vector
   return {};
 }
 
+// The stage-aware bound's acceptance grid of issue 13 (alpha 10 us, 64 MiB per GPU): each
+// decomposer's modelled scale-out time over LB_alpha = LB_out + (S - 1) alpha, the best of them,
+// and the unsplit bound (above) over LB_alpha.
 void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
   const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
   const bytes_t granule = 8192;
