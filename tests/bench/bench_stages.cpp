@@ -215,25 +215,111 @@ void lb_alpha_table(const std::vector<traffic_matrix>& trace, int max_servers) {
   }
 }
 
+// The fastest of the decomposers that win on --lb-alpha's grid (slack, quantised, spread-out,
+// factorized in split mode) on x, in model net: its modelled time and stages.
+std::pair<double, std::size_t> best_decomposition(const server_matrix& x, const scaleout_model& net) {
+  double best = 0;
+  std::size_t stages = 0;
+  auto one = [&](auto dec) {
+    stage_list out;
+    dec.decompose(x, out);
+    const double time = net.stages_time(out.weights);
+    if (best == 0 || time < best) best = time, stages = out.size();
+  };
+  one(slack_decomposer{});
+  one(quantized_decomposer(net, quantum_rule::formula));
+  one(spread_out_decomposer{});
+  one(factorized_decomposer(net).split_pairs(true));
+  return {best, stages};
+}
+
+// A per-rail schedule of t (below): the slowest rail's modelled time and stages, the fewest and
+// most stages of a rail, and the bytes its phase 1 moves over scale-up links.
+struct per_rail_outcome {
+  double time = 0;
+  std::size_t stages = 0, min_stages = 0, max_stages = 0;
+  long double scaleup = 0;
+};
+
+// Each server pair's bytes cut into `chunks` equal chunks (chunks = G: an eighth on every rail, as
+// in FAST), chunks largest first, each on the rail where the larger of its two servers' loads on
+// that rail grows least; among rails where it grows as little, the one whose GPU sends or receives
+// most of the pair (fewest scale-up hops: a byte from GPU u to GPU v riding rail r takes (u != r) +
+// (v != r) of them). Rail r's matrix is then decomposed on its own (best_decomposition).
+per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chunks, bytes_t granule,
+                                   const scaleout_model& net) {
+  const int G = 8;
+  struct chunk {
+    bytes_t bytes;
+    int s, d;
+  };
+  std::vector<chunk> todo;
+  std::vector<long double> own(static_cast<std::size_t>(servers) * servers * G, 0), sum(static_cast<std::size_t>(servers) * servers, 0);
+  for (int s = 0; s < servers; ++s)
+    for (int d = 0; d < servers; ++d) {
+      if (s == d) continue;
+      const auto blk = t.block(s * G, d * G, G, G);
+      const bytes_t b = blk.sum();
+      if (b == 0) continue;
+      const std::size_t pr = static_cast<std::size_t>(s) * servers + d;
+      sum[pr] = static_cast<long double>(b);
+      for (int r = 0; r < G; ++r) // bytes that skip a hop on rail r: from GPU r, to GPU r
+        own[pr * G + r] = static_cast<long double>(blk.row(r).sum() + blk.col(r).sum());
+      const bytes_t piece = (b / chunks + granule - 1) / granule * granule;
+      bytes_t left = (b + granule - 1) / granule * granule;
+      for (int c = 0; c < chunks && left > 0; ++c) {
+        const bytes_t x = c + 1 == chunks ? left : std::min(left, piece);
+        todo.push_back({x, s, d});
+        left -= x;
+      }
+    }
+  std::stable_sort(todo.begin(), todo.end(), [](const chunk& a, const chunk& b) { return a.bytes > b.bytes; });
+  std::vector<server_matrix> rail(G, server_matrix::Zero(servers, servers));
+  std::vector<bytes_t> out_load(static_cast<std::size_t>(G) * servers, 0), in_load(out_load);
+  per_rail_outcome o;
+  for (const chunk& c : todo) {
+    const std::size_t pr = static_cast<std::size_t>(c.s) * servers + c.d;
+    bytes_t top[8], least = ~bytes_t{0};
+    for (int r = 0; r < G; ++r) {
+      top[r] = std::max(out_load[r * servers + c.s], in_load[r * servers + c.d]) + c.bytes;
+      least = std::min(least, top[r]);
+    }
+    int best = -1;
+    for (int r = 0; r < G; ++r)
+      if (top[r] == least && (best < 0 || own[pr * G + r] > own[pr * G + best])) best = r;
+    rail[best](c.s, c.d) += c.bytes;
+    out_load[best * servers + c.s] += c.bytes;
+    in_load[best * servers + c.d] += c.bytes;
+    // Every byte takes two hops but those from or to GPU best (in this chunk's share of the pair).
+    o.scaleup += (2 * sum[pr] - own[pr * G + best]) * static_cast<long double>(c.bytes) / sum[pr];
+  }
+  o.min_stages = ~std::size_t{0};
+  for (int r = 0; r < G; ++r) {
+    const auto [time, stages] = best_decomposition(rail[r], net);
+    if (time > o.time) o.time = time, o.stages = stages;
+    o.min_stages = std::min(o.min_stages, stages);
+    o.max_stages = std::max(o.max_stages, stages);
+  }
+  return o;
+}
+
 // An experiment the library's plans cannot express (their stages are server-level permutations,
-// every rail of a server in step): per-rail schedules. Each server pair's bytes ride one rail (the
-// rail r where the larger of server s's and server d's loads on r grows least, pairs largest
-// first), rail r's NICs follow their own stages (each NIC sends to one NIC of its rail and
-// receives from one per stage, so no incast), and the call takes as long as the slowest rail. Each
-// rail's matrix is decomposed by slack, quantised, spread-out and factorized (split mode) and the
-// fastest in the model kept (as FAST's server-level matrix is: the decomposers that win on
-// --lb-alpha's grid). Model times over LB_alpha (which assumes all rails in step), and the scale-up
-// bytes such a phase 1 moves (a byte from GPU u to GPU v of a pair on rail r takes (u != r) +
-// (v != r) hops) over FAST's (the planner's whole plan, up to 320 GPUs).
+// every rail of a server in step): per-rail schedules. Rail r's NICs follow their own stages (each
+// NIC sends to one NIC of its rail and receives from one per stage, so no incast), and the call
+// takes as long as the slowest rail (per_rail_schedule). Model times over LB_alpha (which assumes
+// all rails in step) for whole pairs on one rail and for the best of 1, 2, 4 and 8 chunks per pair
+// (8: FAST's split), and the scale-up bytes such a phase 1 moves over FAST's (the planner's whole
+// plan, up to 320 GPUs), per byte of traffic between servers.
 void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers) {
   const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
   const bytes_t granule = 8192;
   const int G = 8;
   std::printf("# per-rail schedules in the alpha-beta MODEL (alpha 10 us, 50 GB/s), 64 MiB per GPU: the slowest rail's\n"
-              "# modelled time / LB_alpha, its stages, the rails' stages min-max; FAST best: the best server-level\n"
-              "# decomposition (--lb-alpha's best); scale-up: bytes over scale-up links per byte of traffic.\n");
-  std::printf("| workload | GPUs | FAST best | per-rail | stages (slowest rail) | rails' stages | scale-up FAST | scale-up per-rail |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+              "# modelled time / LB_alpha [its stages, the rails' stages min-max]; FAST best: the best server-level\n"
+              "# decomposition (--lb-alpha's best); whole: each pair on one rail; best chunks: the fastest of 1, 2, 4, 8\n"
+              "# chunks per pair (8: FAST's eighths); scale-up: bytes over scale-up links per byte between servers.\n");
+  std::printf("| workload | GPUs | FAST best | per-rail, whole pairs | per-rail, best chunks | scale-up FAST | scale-up whole pairs |\n"
+              "|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
     if (servers > max_servers) break;
     for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
@@ -242,77 +328,27 @@ void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers) {
       if (t.size() == 0) continue;
       const server_matrix m = rail_matrix(t, servers, granule);
       const double lb_alpha = static_cast<double>(max_line_sum(m)) / net.bandwidth + (servers - 1) * net.alpha_s;
-      // FAST: the best of the server-level decomposers, as in --lb-alpha.
-      double fast = 0;
-      auto best_of = [&](const server_matrix& x, auto&& f) {
-        double best = 0;
-        std::size_t stages = 0;
-        auto one = [&](auto dec) {
-          stage_list out;
-          dec.decompose(x, out);
-          const double time = net.stages_time(out.weights);
-          if (best == 0 || time < best) best = time, stages = out.size();
-        };
-        one(slack_decomposer{});
-        one(quantized_decomposer(net, quantum_rule::formula));
-        one(spread_out_decomposer{});
-        one(factorized_decomposer(net).split_pairs(true));
-        f(best, stages);
-      };
-      best_of(m, [&](double time, std::size_t) { fast = time; });
-      // Pairs largest first onto the rail where the larger of the two servers' loads grows least.
-      struct pair_load {
-        bytes_t bytes;
-        int s, d;
-      };
-      std::vector<pair_load> pairs;
-      for (int s = 0; s < servers; ++s)
-        for (int d = 0; d < servers; ++d)
-          if (s != d)
-            if (const bytes_t b = t.block(s * G, d * G, G, G).sum(); b > 0)
-              pairs.push_back({(b + granule - 1) / granule * granule, s, d});
-      std::stable_sort(pairs.begin(), pairs.end(), [](const pair_load& a, const pair_load& b) { return a.bytes > b.bytes; });
-      std::vector<server_matrix> rail(G, server_matrix::Zero(servers, servers));
-      std::vector<bytes_t> out_load(static_cast<std::size_t>(G) * servers, 0), in_load(out_load);
-      long double hops = 0;
-      for (const pair_load& pl : pairs) {
-        int best = 0;
-        bytes_t best_top = ~bytes_t{0};
-        for (int r = 0; r < G; ++r) {
-          const bytes_t top = std::max(out_load[r * servers + pl.s], in_load[r * servers + pl.d]) + pl.bytes;
-          if (top < best_top) best_top = top, best = r;
-        }
-        rail[best](pl.s, pl.d) = pl.bytes;
-        out_load[best * servers + pl.s] += pl.bytes;
-        in_load[best * servers + pl.d] += pl.bytes;
-        for (int u = 0; u < G; ++u)
-          for (int v = 0; v < G; ++v) hops += static_cast<long double>(t(pl.s * G + u, pl.d * G + v)) * ((u != best) + (v != best));
-      }
-      double slowest = 0;
-      std::size_t slow_stages = 0, min_stages = ~std::size_t{0}, max_stages = 0;
-      for (int r = 0; r < G; ++r)
-        best_of(rail[r], [&](double time, std::size_t stages) {
-          if (time > slowest) slowest = time, slow_stages = stages;
-          min_stages = std::min(min_stages, stages);
-          max_stages = std::max(max_stages, stages);
-        });
-      long double total = 0;
+      const double fast = best_decomposition(m, net).first;
+      long double between = 0, intra = 0;
       for (rank_t i = 0; i < n; ++i)
-        for (rank_t j = 0; j < n; ++j)
-          if (i / G != j / G) total += static_cast<long double>(t(i, j));
+        for (rank_t j = 0; j < n; ++j) (i / G != j / G ? between : intra) += static_cast<long double>(i != j ? t(i, j) : 0);
+      const per_rail_outcome whole = per_rail_schedule(t, servers, 1, granule, net);
+      per_rail_outcome best = whole;
+      int best_chunks = 1;
+      for (int chunks : {2, 4, 8})
+        if (const per_rail_outcome o = per_rail_schedule(t, servers, chunks, granule, net); o.time < best.time)
+          best = o, best_chunks = chunks;
       char fast_up[32] = "-";
       if (servers <= 40) {
         planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(servers), {.granule = granule},
                                                             factorized_decomposer(net).split_pairs(true));
-        const plan p = pl.make(t);
-        long double intra = 0; // FAST's scale-up bytes count the intra-server traffic too
-        for (rank_t i = 0; i < n; ++i)
-          for (rank_t j = 0; j < n; ++j)
-            if (i / G == j / G && i != j) intra += static_cast<long double>(t(i, j));
-        std::snprintf(fast_up, sizeof fast_up, "%.3f", static_cast<double>((p.scaleup_bytes - intra) / total));
+        const plan p = pl.make(t); // its scale-up bytes count the intra-server messages too
+        std::snprintf(fast_up, sizeof fast_up, "%.3f", static_cast<double>((p.scaleup_bytes - intra) / between));
       }
-      std::printf("| %s | %d | %.3f | **%.3f** | %zu | %zu-%zu | %s | %.3f |\n", workload, n, fast / lb_alpha,
-                  slowest / lb_alpha, slow_stages, min_stages, max_stages, fast_up, static_cast<double>(hops / total));
+      std::printf("| %s | %d | %.3f | **%.3f** [%zu, %zu-%zu] | %.3f (%d) [%zu, %zu-%zu] | %s | %.3f |\n", workload, n,
+                  fast / lb_alpha, whole.time / lb_alpha, whole.stages, whole.min_stages, whole.max_stages,
+                  best.time / lb_alpha, best_chunks, best.stages, best.min_stages, best.max_stages, fast_up,
+                  static_cast<double>(whole.scaleup / between));
       std::fflush(stdout);
     }
   }
