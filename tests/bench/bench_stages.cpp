@@ -5,8 +5,9 @@
 // Usage: bench_stages [max_servers] (default 512: up to 4096 GPUs; the largest take minutes)
 //        bench_stages --lb-alpha [max_servers]   every decomposer against LB_alpha at alpha 10 us,
 //                                64 MiB per GPU, 64 to 4096 GPUs, with the unsplit bound
-//        bench_stages --per-rail [max_servers]  an experiment: per-rail schedules (each rail its own
-//                                stages) in the model, against LB_alpha and FAST's best
+//        bench_stages --per-rail [max_servers] [alpha_us]  an experiment: per-rail schedules (each
+//                                rail its own stages) in the model, against LB_alpha and FAST's best
+//                                (alpha 10 us unless given)
 //        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
 //                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
 //                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
@@ -310,14 +311,15 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
 // all rails in step) for whole pairs on one rail and for the best of 1, 2, 4 and 8 chunks per pair
 // (8: FAST's split), and the scale-up bytes such a phase 1 moves over FAST's (the planner's whole
 // plan, up to 320 GPUs), per byte of traffic between servers.
-void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers) {
-  const scaleout_model net{10e-6, scaleout_model{}.bandwidth};
+void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers, double alpha_us) {
+  const scaleout_model net{alpha_us * 1e-6, scaleout_model{}.bandwidth};
   const bytes_t granule = 8192;
   const int G = 8;
-  std::printf("# per-rail schedules in the alpha-beta MODEL (alpha 10 us, 50 GB/s), 64 MiB per GPU: the slowest rail's\n"
+  std::printf("# per-rail schedules in the alpha-beta MODEL (alpha %g us, 50 GB/s), 64 MiB per GPU: the slowest rail's\n"
               "# modelled time / LB_alpha [its stages, the rails' stages min-max]; FAST best: the best server-level\n"
               "# decomposition (--lb-alpha's best); whole: each pair on one rail; best chunks: the fastest of 1, 2, 4, 8\n"
-              "# chunks per pair (8: FAST's eighths); scale-up: bytes over scale-up links per byte between servers.\n");
+              "# chunks per pair (8: FAST's eighths); scale-up: bytes over scale-up links per byte between servers.\n",
+              alpha_us);
   std::printf("| workload | GPUs | FAST best | per-rail, whole pairs | per-rail, best chunks | scale-up FAST | scale-up whole pairs |\n"
               "|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
@@ -400,7 +402,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--per-rail") {
     std::vector<traffic_matrix> trace;
     if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
-    per_rail_table(trace, argc > 2 ? std::atoi(argv[2]) : 512);
+    per_rail_table(trace, argc > 2 ? std::atoi(argv[2]) : 512, argc > 3 ? std::atof(argv[3]) : 10.0);
     return 0;
   }
   const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
