@@ -240,7 +240,22 @@ struct per_rail_outcome {
   double time = 0;
   std::size_t stages = 0, min_stages = 0, max_stages = 0;
   long double scaleup = 0;
+  long double busiest_gpu = 0; // the most scale-up bytes one GPU sends or receives (its port)
 };
+
+// Intra-server messages' bytes on each GPU's scale-up port, out and in (both kinds of schedule
+// move them alike).
+void add_intra(const traffic_matrix& t, int G, std::vector<long double>& tx, std::vector<long double>& rx) {
+  for (rank_t i = 0; i < t.rows(); ++i)
+    for (rank_t j = 0; j < t.cols(); ++j)
+      if (i != j && i / G == j / G) tx[i] += static_cast<long double>(t(i, j)), rx[j] += static_cast<long double>(t(i, j));
+}
+
+long double busiest(const std::vector<long double>& tx, const std::vector<long double>& rx) {
+  long double most = 0;
+  for (std::size_t r = 0; r < tx.size(); ++r) most = std::max({most, tx[r], rx[r]});
+  return most;
+}
 
 // Each server pair's bytes cut into `chunks` equal chunks (chunks = G: an eighth on every rail, as
 // in FAST), chunks largest first, each on the rail where the larger of its two servers' loads on
@@ -256,6 +271,8 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
   };
   std::vector<chunk> todo;
   std::vector<long double> own(static_cast<std::size_t>(servers) * servers * G, 0), sum(static_cast<std::size_t>(servers) * servers, 0);
+  // Per pair and GPU: the bytes that GPU sends to the pair's destination server, and receives.
+  std::vector<long double> row(own.size(), 0), col(own.size(), 0);
   for (int s = 0; s < servers; ++s)
     for (int d = 0; d < servers; ++d) {
       if (s == d) continue;
@@ -264,8 +281,11 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
       if (b == 0) continue;
       const std::size_t pr = static_cast<std::size_t>(s) * servers + d;
       sum[pr] = static_cast<long double>(b);
-      for (int r = 0; r < G; ++r) // bytes that skip a hop on rail r: from GPU r, to GPU r
-        own[pr * G + r] = static_cast<long double>(blk.row(r).sum() + blk.col(r).sum());
+      for (int r = 0; r < G; ++r) { // bytes that skip a hop on rail r: from GPU r, to GPU r
+        row[pr * G + r] = static_cast<long double>(blk.row(r).sum());
+        col[pr * G + r] = static_cast<long double>(blk.col(r).sum());
+        own[pr * G + r] = row[pr * G + r] + col[pr * G + r];
+      }
       const bytes_t piece = (b / chunks + granule - 1) / granule * granule;
       bytes_t left = (b + granule - 1) / granule * granule;
       for (int c = 0; c < chunks && left > 0; ++c) {
@@ -278,6 +298,9 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
   std::vector<server_matrix> rail(G, server_matrix::Zero(servers, servers));
   std::vector<bytes_t> out_load(static_cast<std::size_t>(G) * servers, 0), in_load(out_load);
   per_rail_outcome o;
+  const rank_t n = servers * G;
+  std::vector<long double> tx(static_cast<std::size_t>(n), 0), rx(tx);
+  add_intra(t, G, tx, rx);
   for (const chunk& c : todo) {
     const std::size_t pr = static_cast<std::size_t>(c.s) * servers + c.d;
     bytes_t top[8], least = ~bytes_t{0};
@@ -292,8 +315,18 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
     out_load[best * servers + c.s] += c.bytes;
     in_load[best * servers + c.d] += c.bytes;
     // Every byte takes two hops but those from or to GPU best (in this chunk's share of the pair).
-    o.scaleup += (2 * sum[pr] - own[pr * G + best]) * static_cast<long double>(c.bytes) / sum[pr];
+    const long double f = static_cast<long double>(c.bytes) / sum[pr];
+    o.scaleup += (2 * sum[pr] - own[pr * G + best]) * f;
+    // Gathered onto GPU best of s, spread from GPU best of d.
+    for (int u = 0; u < G; ++u) {
+      if (u == best) continue;
+      tx[c.s * G + u] += f * row[pr * G + u];
+      rx[c.s * G + best] += f * row[pr * G + u];
+      tx[c.d * G + best] += f * col[pr * G + u];
+      rx[c.d * G + u] += f * col[pr * G + u];
+    }
   }
+  o.busiest_gpu = busiest(tx, rx);
   o.min_stages = ~std::size_t{0};
   for (int r = 0; r < G; ++r) {
     const auto [time, stages] = best_decomposition(rail[r], net);
@@ -309,8 +342,10 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
 // NIC sends to one NIC of its rail and receives from one per stage, so no incast), and the call
 // takes as long as the slowest rail (per_rail_schedule). Model times over LB_alpha (which assumes
 // all rails in step) for whole pairs on one rail and for the best of 1, 2, 4 and 8 chunks per pair
-// (8: FAST's split), and the scale-up bytes such a phase 1 moves over FAST's (the planner's whole
-// plan, up to 320 GPUs), per byte of traffic between servers.
+// (8: FAST's split), the scale-up bytes such a phase 1 moves over FAST's (the planner's whole
+// plan, up to 320 GPUs), per byte of traffic between servers, and how long the busiest GPU's
+// scale-up port is busy beside the scale-out phase (if that stays well below 1, pipelining can
+// hide the scale-up hops under the stages).
 void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers, double alpha_us) {
   const scaleout_model net{alpha_us * 1e-6, scaleout_model{}.bandwidth};
   const bytes_t granule = 8192;
@@ -318,10 +353,11 @@ void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers, d
   std::printf("# per-rail schedules in the alpha-beta MODEL (alpha %g us, 50 GB/s), 64 MiB per GPU: the slowest rail's\n"
               "# modelled time / LB_alpha [its stages, the rails' stages min-max]; FAST best: the best server-level\n"
               "# decomposition (--lb-alpha's best); whole: each pair on one rail; best chunks: the fastest of 1, 2, 4, 8\n"
-              "# chunks per pair (8: FAST's eighths); scale-up: bytes over scale-up links per byte between servers.\n",
+              "# chunks per pair (8: FAST's eighths); scale-up: bytes over scale-up links per byte between servers;\n"
+              "# port: the busiest GPU's scale-up port time (450 GB/s each way) over the scale-out time.\n",
               alpha_us);
-  std::printf("| workload | GPUs | FAST best | per-rail, whole pairs | per-rail, best chunks | scale-up FAST | scale-up whole pairs |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf("| workload | GPUs | FAST best | per-rail, whole pairs | per-rail, best chunks | scale-up FAST | scale-up whole pairs | port FAST | port whole pairs |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
     if (servers > max_servers) break;
     for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
@@ -340,17 +376,27 @@ void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers, d
       for (int chunks : {2, 4, 8})
         if (const per_rail_outcome o = per_rail_schedule(t, servers, chunks, granule, net); o.time < best.time)
           best = o, best_chunks = chunks;
-      char fast_up[32] = "-";
+      char fast_up[32] = "-", fast_port[32] = "-";
+      const double up_bw = h200_links.scaleup_bandwidth;
       if (servers <= 40) {
-        planner<fixed_topology<8>, factorized_decomposer> pl(h200_cluster(servers), {.granule = granule},
+        const fixed_topology<8> topo = h200_cluster(servers);
+        planner<fixed_topology<8>, factorized_decomposer> pl(topo, {.granule = granule},
                                                             factorized_decomposer(net).split_pairs(true));
         const plan p = pl.make(t); // its scale-up bytes count the intra-server messages too
         std::snprintf(fast_up, sizeof fast_up, "%.3f", static_cast<double>((p.scaleup_bytes - intra) / between));
+        std::vector<long double> tx(static_cast<std::size_t>(n), 0), rx(tx);
+        for (const piece& pc : p.pieces)
+          for (const hop& h : p.route_of(pc))
+            if (h.kind == hop_kind::intra || h.kind == hop_kind::balance || h.kind == hop_kind::redistribute)
+              tx[h.from] += static_cast<long double>(pc.bytes), rx[h.to] += static_cast<long double>(pc.bytes);
+        std::snprintf(fast_port, sizeof fast_port, "%.3f",
+                      static_cast<double>(busiest(tx, rx) / up_bw / net.stages_time(p.stage_weight)));
       }
-      std::printf("| %s | %d | %.3f | **%.3f** [%zu, %zu-%zu] | %.3f (%d) [%zu, %zu-%zu] | %s | %.3f |\n", workload, n,
-                  fast / lb_alpha, whole.time / lb_alpha, whole.stages, whole.min_stages, whole.max_stages,
-                  best.time / lb_alpha, best_chunks, best.stages, best.min_stages, best.max_stages, fast_up,
-                  static_cast<double>(whole.scaleup / between));
+      std::printf("| %s | %d | %.3f | **%.3f** [%zu, %zu-%zu] | %.3f (%d) [%zu, %zu-%zu] | %s | %.3f | %s | %.3f |\n",
+                  workload, n, fast / lb_alpha, whole.time / lb_alpha, whole.stages, whole.min_stages,
+                  whole.max_stages, best.time / lb_alpha, best_chunks, best.stages, best.min_stages,
+                  best.max_stages, fast_up, static_cast<double>(whole.scaleup / between), fast_port,
+                  static_cast<double>(whole.busiest_gpu / up_bw / whole.time));
       std::fflush(stdout);
     }
   }
