@@ -270,9 +270,11 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
     int s, d;
   };
   std::vector<chunk> todo;
-  std::vector<long double> own(static_cast<std::size_t>(servers) * servers * G, 0), sum(static_cast<std::size_t>(servers) * servers, 0);
+  std::vector<long double> sum(static_cast<std::size_t>(servers) * servers, 0);
   // Per pair and GPU: the bytes that GPU sends to the pair's destination server, and receives.
-  std::vector<long double> row(own.size(), 0), col(own.size(), 0);
+  std::vector<long double> row(sum.size() * G, 0), col(sum.size() * G, 0);
+  // Bytes of pair pr that skip a hop on rail r: from GPU r, to GPU r.
+  auto own = [&](std::size_t pr, int r) { return row[pr * G + r] + col[pr * G + r]; };
   for (int s = 0; s < servers; ++s)
     for (int d = 0; d < servers; ++d) {
       if (s == d) continue;
@@ -281,10 +283,9 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
       if (b == 0) continue;
       const std::size_t pr = static_cast<std::size_t>(s) * servers + d;
       sum[pr] = static_cast<long double>(b);
-      for (int r = 0; r < G; ++r) { // bytes that skip a hop on rail r: from GPU r, to GPU r
+      for (int r = 0; r < G; ++r) {
         row[pr * G + r] = static_cast<long double>(blk.row(r).sum());
         col[pr * G + r] = static_cast<long double>(blk.col(r).sum());
-        own[pr * G + r] = row[pr * G + r] + col[pr * G + r];
       }
       const bytes_t piece = (b / chunks + granule - 1) / granule * granule;
       bytes_t left = (b + granule - 1) / granule * granule;
@@ -310,13 +311,13 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
     }
     int best = -1;
     for (int r = 0; r < G; ++r)
-      if (top[r] == least && (best < 0 || own[pr * G + r] > own[pr * G + best])) best = r;
+      if (top[r] == least && (best < 0 || own(pr, r) > own(pr, best))) best = r;
     rail[best](c.s, c.d) += c.bytes;
     out_load[best * servers + c.s] += c.bytes;
     in_load[best * servers + c.d] += c.bytes;
     // Every byte takes two hops but those from or to GPU best (in this chunk's share of the pair).
     const long double f = static_cast<long double>(c.bytes) / sum[pr];
-    o.scaleup += (2 * sum[pr] - own[pr * G + best]) * f;
+    o.scaleup += (2 * sum[pr] - own(pr, best)) * f;
     // Gathered onto GPU best of s, spread from GPU best of d.
     for (int u = 0; u < G; ++u) {
       if (u == best) continue;
@@ -389,6 +390,7 @@ void per_rail_table(const std::vector<traffic_matrix>& trace, int max_servers, d
           for (const hop& h : p.route_of(pc))
             if (h.kind == hop_kind::intra || h.kind == hop_kind::balance || h.kind == hop_kind::redistribute)
               tx[h.from] += static_cast<long double>(pc.bytes), rx[h.to] += static_cast<long double>(pc.bytes);
+        // Over this plan's own scale-out time (factorized split: FAST best on the Megatron cells).
         std::snprintf(fast_port, sizeof fast_port, "%.3f",
                       static_cast<double>(busiest(tx, rx) / up_bw / net.stages_time(p.stage_weight)));
       }
@@ -445,19 +447,19 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "--per-rail") {
-    std::vector<traffic_matrix> trace;
-    if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
-    per_rail_table(trace, argc > 2 ? std::atoi(argv[2]) : 512, argc > 3 ? std::atof(argv[3]) : 10.0);
-    return 0;
-  }
   const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
-  const int max_servers = argc > 1 + lb_alpha ? std::atoi(argv[1 + lb_alpha]) : 512;
+  const bool per_rail = argc > 1 && std::string(argv[1]) == "--per-rail";
+  const int flag = lb_alpha || per_rail; // the arguments after the mode's flag
+  const int max_servers = argc > 1 + flag ? std::atoi(argv[1 + flag]) : 512;
   const double bout = scaleout_model{}.bandwidth; // one 400 Gb/s NIC, the default
   std::vector<traffic_matrix> trace;
   if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
   if (lb_alpha) {
     lb_alpha_table(trace, max_servers);
+    return 0;
+  }
+  if (per_rail) {
+    per_rail_table(trace, max_servers, argc > 3 ? std::atof(argv[3]) : 10.0);
     return 0;
   }
   std::printf("# scale-out phase, alpha-beta MODEL: sum over stages of (alpha + weight / 50 GB/s), as a ratio to LB_out;\n"
