@@ -259,6 +259,7 @@ TEST_CASE("engine.host.rail_sends_that_never_leave_time_out_naming_the_stage") {
   const rank_t n = 3;
   host_fabric fabric(n, std::chrono::milliseconds(5000));
   std::vector<std::string> errors(n);
+  std::vector<int> timed_out(n, 0); // the error was a fasta2a::timeout_error
   std::vector<std::thread> threads;
   const traffic_matrix t = uniform_traffic(n, 4096, 1);
   for (rank_t r = 0; r < n; ++r)
@@ -273,6 +274,9 @@ TEST_CASE("engine.host.rail_sends_that_never_leave_time_out_naming_the_stage") {
         const layout l = layout_of(t, r, 1, 0);
         std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
         eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+      } catch (const timeout_error& e) {
+        errors[r] = e.what();
+        timed_out[r] = 1;
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -284,6 +288,60 @@ TEST_CASE("engine.host.rail_sends_that_never_leave_time_out_naming_the_stage") {
   int named = 0;
   for (rank_t r = 1; r < 3; ++r) named += errors[r].find("from rank 0 in stage 1") != std::string::npos;
   CHECK(named >= 1);
+  // Every rank that failed gave up waiting: a timeout_error, not another kind of error.
+  for (rank_t r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(timed_out[r] == static_cast<int>(!errors[r].empty()));
+  }
+}
+
+TEST_CASE("engine.host.a_rank_that_skips_the_call_is_a_timeout_error_naming_it") {
+  // 2 servers x 2 GPUs; rank k skips the second call (after all made their engines and one call).
+  // The others give up in the exchange of counts: a fasta2a::timeout_error (not only an error),
+  // naming rank k, and their engines refuse the next call.
+  for (rank_t skipper = 0; skipper < 4; ++skipper) {
+    CAPTURE(skipper);
+    const rank_t n = 4;
+    engine_options opt;
+    opt.timeout = std::chrono::milliseconds(300);
+    host_fabric fabric(n, opt.timeout);
+    std::vector<std::string> errors(n), after(n);
+    std::vector<int> timed_out(n, 0);
+    const traffic_matrix t = zipf_traffic(n, 1.0, 1 << 12, 40 + static_cast<std::uint64_t>(skipper));
+    std::vector<std::thread> threads;
+    for (rank_t r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        host_bootstrap boot(fabric, r);
+        host_transport tr(fabric, r);
+        engine<two_tier_topology, host_bootstrap, host_transport, host_transport> eng(two_tier_topology(2, 2), boot, tr, tr, opt);
+        const layout l = layout_of(t, r, 1, 0);
+        std::vector<std::byte> send(l.send_elems), recv(l.recv_elems);
+        try {
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+          if (r == skipper) return;
+          eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+        } catch (const timeout_error& e) {
+          errors[r] = e.what();
+          timed_out[r] = 1;
+          try {
+            eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+          } catch (const std::exception& again) {
+            after[r] = again.what();
+          }
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (rank_t r = 0; r < n; ++r) {
+      if (r == skipper) continue;
+      INFO("rank " << r << ": " << errors[r] << " / then: " << after[r]);
+      CHECK(timed_out[r] == 1);
+      CHECK(errors[r].find("the exchange of") != std::string::npos);
+      CHECK(errors[r].find("rank(s) " + std::to_string(skipper) + " never arrived") != std::string::npos);
+      CHECK(!after[r].empty()); // the engine is unusable after a failed exchange, and says so
+    }
+  }
 }
 
 TEST_CASE("engine.host.staging_is_allocated_once_and_reused") {

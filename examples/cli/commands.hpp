@@ -4,7 +4,10 @@
 
 #include "options.hpp"
 
+#include <cstdio>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 
 namespace cli {
 
@@ -17,6 +20,19 @@ struct verification_failure : std::runtime_error {
 struct delivery_failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// Prints "fasta2a: error: MESSAGE" and a newline to stderr in one write. std::cerr is unbuffered,
+/// so `std::cerr << a << b` is one write per piece, and under `mpirun --tag-output` two ranks that
+/// fail together interleave their pieces: "[1,1]<stderr>:fasta2a: error: [1,3]<stderr>:fasta2a:
+/// error: rank 3: ..." then "[1,1]<stderr>:rank 1: ...", the first rank's line cut from its prefix.
+inline void say_error(std::string_view message) {
+  std::string line = "fasta2a: error: ";
+  line += message;
+  line += '\n';
+  std::fflush(stdout); // what the rank printed before comes first
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
 
 /// `fasta2a plan`: plans every matrix, verifies each plan, prints the table and writes the files
 /// the options ask for. Returns the exit status.

@@ -87,19 +87,19 @@ int main(int argc, char** argv) {
       throw fa::error("unknown command '" + std::string(args[0]) + "' (try fasta2a --help)");
     return run_plan({args.begin() + 1, args.end()});
   } catch (const delivery_failure& e) {
-    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    say_error(std::string(e.what()) + " (this is a bug in fasta2a; please report it)");
     return 1;
   } catch (const verification_failure& e) {
-    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    say_error(std::string(e.what()) + " (this is a bug in fasta2a; please report it)");
     return 1;
   } catch (const fa::error& e) { // plan_too_large included
-    std::cerr << "fasta2a: error: " << e.what() << "\n";
+    say_error(e.what());
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "fasta2a: error: out of memory (try fewer ranks or a smaller --max-plan-bytes)\n";
+    say_error("out of memory (try fewer ranks or a smaller --max-plan-bytes)");
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "fasta2a: error: internal error: " << e.what() << "\n";
+    say_error(std::string("internal error: ") + e.what());
     return 1;
   }
 }

@@ -142,6 +142,19 @@ public:
     return all;
   }
 
+  /// After the engine timed out waiting for a peer, which may itself be waiting for another: the
+  /// ranks that do not answer a roll call of the ranks that timed out, named (", and rank 5 did not
+  /// answer ..."), or "" if every rank answered. The ranks stuck behind one stopped rank time out
+  /// within a moment of each other, so every survivor's error names the stopped one, whichever of
+  /// them reaches MPI_Abort first.
+  std::string absent_after_engine_timeout() {
+    failed_ = true; // the engine's requests may still use the world's communicators: MPI_Abort follows
+    const std::string missing = fa::detail::mpi_roll_call(roll_, me_, n_, timeout_, fa::wait_policy{});
+    if (missing.empty()) return "";
+    return std::string("; rank") + (missing.find(',') == std::string::npos ? " " : "s ") + missing +
+           " did not answer a roll call of the ranks that timed out (stopped, dead, or waiting elsewhere)";
+  }
+
 private:
   // After a timeout: the ranks that do not answer a roll call, named.
   std::string absent() {
@@ -290,7 +303,14 @@ mpi_figures run_engine_on(guarded_world& world, const fa::two_tier_topology& top
     std::fill(recv.begin(), recv.end(), std::byte{0});
     world.barrier("the barrier before call " + std::to_string(c));
     const auto start = clock::now();
-    eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+    try {
+      eng.alltoallv(send, l.send_counts, l.send_displs, recv, l.recv_counts, l.recv_displs);
+    } catch (const fa::timeout_error& e) {
+      // The engine names the peer it waited for; that peer may be waiting for a stopped rank.
+      const std::string what = e.what();
+      if (what.find("roll call") != std::string::npos) throw; // mpi_bootstrap's allgather asked already
+      throw fa::timeout_error(what + world.absent_after_engine_timeout());
+    }
     const double mine = std::chrono::duration<double>(clock::now() - start).count();
     world.barrier("the end of call " + std::to_string(c)); // outside the timed region; names a missing rank
     const double s = slowest_rank(world, mine);
@@ -481,10 +501,10 @@ int run_mpi(const options& o) {
   try {
     code = run_mpi_command(o);
   } catch (const delivery_failure& e) {
-    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    say_error(std::string(e.what()) + " (this is a bug in fasta2a; please report it)");
     code = 1;
   } catch (const std::exception& e) { // fasta2a::error and anything else
-    std::cerr << "fasta2a: error: " << with_rank(me, e.what()) << "\n";
+    say_error(with_rank(me, e.what()));
     code = 2;
   }
   if (code != 0) {

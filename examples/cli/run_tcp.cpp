@@ -169,10 +169,10 @@ int run_tcp(const options& o) {
   try {
     return run_tcp_command(o, boot);
   } catch (const delivery_failure& e) {
-    std::cerr << "fasta2a: error: " << e.what() << " (this is a bug in fasta2a; please report it)\n";
+    say_error(std::string(e.what()) + " (this is a bug in fasta2a; please report it)");
     return 1;
   } catch (const std::exception& e) { // fasta2a::error and anything else
-    std::cerr << "fasta2a: error: rank " << boot.rank() << ": " << e.what() << "\n";
+    say_error("rank " + std::to_string(boot.rank()) + ": " + e.what());
     return 2;
   }
 }

@@ -34,6 +34,16 @@ public:
   using std::runtime_error::runtime_error;
 };
 
+/// Raised when a call gave up waiting (engine_options::timeout, or a transport's or bootstrap's own):
+/// for a peer's signal, for its own sends to leave, for a collective, or for the caller's stream.
+/// Its message names the rank it waited for where there is one. That rank may itself be waiting
+/// for another; a launcher that can ask every rank (fasta2a run's MPI roll call) can add which
+/// ranks are really missing. Catch fasta2a::error to handle every failure alike.
+class timeout_error : public error {
+public:
+  using error::error;
+};
+
 /// Raised when a plan would exceed the configured size limits (stages or memory).
 class plan_too_large : public error {
 public:

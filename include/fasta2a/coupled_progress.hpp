@@ -72,7 +72,7 @@ public:
           },
           waiting_, timeout_);
       if (!left)
-        throw error("progress_coupled::flush: this rank's signalled puts did not leave within " +
+        throw timeout_error("progress_coupled::flush: this rank's signalled puts did not leave within " +
                     std::to_string(timeout_.count()) + " ms");
       c_.flush();
     }

@@ -836,7 +836,7 @@ private:
             const bool reached = detail::poll_until([&] { return static_cast<bool>(job->start->done()); }, opt_.waiting,
                                                     opt_.timeout);
             if (!reached)
-              throw error("rank " + std::to_string(me_) + ": the caller's stream did not reach stream-ordered call " +
+              throw timeout_error("rank " + std::to_string(me_) + ": the caller's stream did not reach stream-ordered call " +
                           std::to_string(job->x.seq) + " within " + std::to_string(opt_.timeout.count()) + " ms");
             execute(job->x);
           } catch (const std::exception& e) {
@@ -1275,9 +1275,11 @@ private:
       return exchange();
     } catch (const std::exception& e) {
       gone_ = std::string("the exchange of ") + what + " failed (" + e.what() + ")";
-      throw error("rank " + std::to_string(me_) + ": the exchange of " + what + " failed: " + e.what() +
-                  "; this engine cannot recover from a failed exchange: destroy it, its bootstrap and its "
-                  "transports on every rank and make new ones");
+      const std::string m = "rank " + std::to_string(me_) + ": the exchange of " + what + " failed: " + e.what() +
+                            "; this engine cannot recover from a failed exchange: destroy it, its bootstrap and its "
+                            "transports on every rank and make new ones";
+      if (dynamic_cast<const timeout_error*>(&e) != nullptr) throw timeout_error(m); // still a timeout
+      throw error(m);
     }
   }
 
@@ -1554,12 +1556,12 @@ private:
     }
     if (!ok) throw missing(x, w);
   }
-  error missing(const exec& x, const instr& w) const {
+  timeout_error missing(const exec& x, const instr& w) const {
     if (w.channel == ready_channel)
-      return error("rank " + std::to_string(me_) + ": rank " + std::to_string(w.peer) +
+      return timeout_error("rank " + std::to_string(me_) + ": rank " + std::to_string(w.peer) +
                    " did not say it is ready for stream-ordered call " + std::to_string(x.seq) + " within " +
                    std::to_string(opt_.timeout.count()) + " ms (its stream did not reach the call, or it failed)");
-    return error("rank " + std::to_string(me_) + ": no " + engine_channel_name(w.channel) + " signal from rank " +
+    return timeout_error("rank " + std::to_string(me_) + ": no " + engine_channel_name(w.channel) + " signal from rank " +
                  std::to_string(w.peer) + (x.staged ? " in stage " + std::to_string(w.stage) : std::string()) +
                  " within " + std::to_string(opt_.timeout.count()) + " ms");
   }
@@ -1763,10 +1765,10 @@ private:
         if (!lazy && rail < T && cr_i < pg.at(sec::credit_rail, rail).size()) throw missing(x, pg.at(sec::credit_rail, rail)[cr_i]);
         if (bal < T && cb_i < pg.at(sec::credit_balance, bal).size()) throw missing(x, pg.at(sec::credit_balance, bal)[cb_i]);
         if (!leaving_.empty())
-          throw error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
+          throw timeout_error("rank " + std::to_string(me_) + ": its rail sends of stage " + std::to_string(leaving_.front()) +
                       " to rank " + std::to_string(rail_peer_[leaving_.front()]) + " did not leave within " +
                       std::to_string(opt_.timeout.count()) + " ms");
-        throw error("rank " + std::to_string(me_) + ": its redistribution of stage " + std::to_string(rel_in) +
+        throw timeout_error("rank " + std::to_string(me_) + ": its redistribution of stage " + std::to_string(rel_in) +
                     " did not leave within " + std::to_string(opt_.timeout.count()) + " ms");
       }
       // Nothing moved: peers may need this rank's progress on either tier. A tier whose test or

@@ -597,7 +597,7 @@ private:
     auto pause = std::chrono::milliseconds(20);
     while (!root_fd_) {
       if (clock::now() >= deadline)
-        throw error(who() + " could not reach the root at " + root_name_ + " within " + detail::tcp_seconds(opt_.timeout) +
+        throw timeout_error(who() + " could not reach the root at " + root_name_ + " within " + detail::tcp_seconds(opt_.timeout) +
                     " (last error: " + last + ")");
       root_fd_ = try_connect(deadline, last);
       if (!root_fd_) {
@@ -693,7 +693,7 @@ private:
         throw error(who() + ": the root (rank 0 at " + root_name_ + ") closed the connection during " + what +
                     (err != 0 ? " (" + detail::errno_text(err) + ")" : "") + ": it failed or exited");
       if (clock::now() >= until)
-        throw error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
+        throw timeout_error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
                     detail::tcp_seconds(std::chrono::duration_cast<std::chrono::milliseconds>(opt_.timeout + opt_.grace())));
       pollfd p{root_fd_.get(), POLLIN, 0};
       ::poll(&p, 1, detail::tcp_poll_ms(until));
@@ -884,7 +884,7 @@ private:
         throw error(who() + ": the root (rank 0 at " + root_name_ + ") closed the connection during " + what +
                     (err != 0 ? " (" + detail::errno_text(err) + ")" : "") + ": it failed or exited");
       if (clock::now() >= until)
-        throw error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
+        throw timeout_error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
                     detail::tcp_seconds(std::chrono::duration_cast<std::chrono::milliseconds>(opt_.timeout + opt_.grace())) +
                     (sending ? " (it did not take this rank's blob either: is it stopped?)" : ""));
       pollfd p{root_fd_.get(), static_cast<short>(POLLIN | (sending ? POLLOUT : 0)), 0};

@@ -240,9 +240,9 @@ public:
     reap();
     if (st.queued == st.ring.size()) {
       if (!detail::poll_until([&] { return st.ring[st.head].done(); }, st.t->opt_.waiting, ring_wait))
-        throw error("gpu_ipc_transport: the transport's stream completed no copy within " +
-                    std::to_string(ring_wait.count()) + " ms (" + std::to_string(st.ring.size()) +
-                    " signals outstanding)");
+        throw timeout_error("gpu_ipc_transport: the transport's stream completed no copy within " +
+                            std::to_string(ring_wait.count()) + " ms (" + std::to_string(st.ring.size()) +
+                            " signals outstanding)");
       reap();
     }
     const std::size_t at = (st.head + st.queued) % st.ring.size();

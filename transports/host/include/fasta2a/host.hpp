@@ -135,10 +135,10 @@ public:
                                " never arrived";
       broken_ = "rank " + std::to_string(rank) + " timed out in an allgather (rank(s) " + missing + " never arrived)";
       cv_.notify_all();
-      throw error(what);
+      throw timeout_error(what);
     } else if (generation_ == gen) {
-      throw error("host bootstrap: rank " + std::to_string(rank) + "'s allgather was abandoned: " + broken_ +
-                  "; make a new host_fabric (and engines on it) on every rank");
+      throw timeout_error("host bootstrap: rank " + std::to_string(rank) + "'s allgather was abandoned: " + broken_ +
+                          "; make a new host_fabric (and engines on it) on every rank");
     }
     return buf;
   }

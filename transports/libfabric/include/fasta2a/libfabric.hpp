@@ -274,7 +274,7 @@ public:
   /// (0 of 9 shm runs); presumably a peer endpoint of the same process is touched after its close.
   void quiesce() {
     if (!detail::poll_until([&] { progress(); return outstanding_total() == 0; }, opt_.waiting, opt_.timeout))
-      throw error("libfabric_transport::quiesce: " + std::to_string(outstanding_total()) + " operation(s) on rank " +
+      throw timeout_error("libfabric_transport::quiesce: " + std::to_string(outstanding_total()) + " operation(s) on rank " +
                   std::to_string(rank_) + " did not complete within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
@@ -810,7 +810,7 @@ private:
 
   void flush(std::uint32_t id) {
     if (!detail::poll_until([&] { progress(); return idle(id); }, opt_.waiting, opt_.timeout))
-      throw error("libfabric_transport::flush: " + std::to_string(conns_.at(id).outstanding) +
+      throw timeout_error("libfabric_transport::flush: " + std::to_string(conns_.at(id).outstanding) +
                   " operation(s) of connection " + std::to_string(id) + " on rank " + std::to_string(rank_) +
                   " did not complete within " + std::to_string(opt_.timeout.count()) + " ms");
   }

@@ -260,7 +260,7 @@ private:
     static_cast<void>(new std::vector<std::byte>(std::move(in_)));
     static_cast<void>(new std::vector<long long>(std::move(lengths_)));
     const std::string missing = roll_call();
-    throw error("mpi_bootstrap::allgather: rank " + std::to_string(rank_) + " timed out after " +
+    throw timeout_error("mpi_bootstrap::allgather: rank " + std::to_string(rank_) + " timed out after " +
                 std::to_string(opt_.timeout.count()) + " ms " + what + ": " +
                 (missing.empty() ? std::string("some rank did not reach the allgather")
                                  : "rank(s) " + missing + " did not reach the allgather (no answer to a roll call)") +

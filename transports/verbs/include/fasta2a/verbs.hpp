@@ -300,7 +300,7 @@ public:
   void quiesce() {
     ensure_completions();
     if (!detail::poll_until([&] { progress(); return all_done(); }, opt_.waiting, opt_.timeout))
-      throw error("verbs_transport::quiesce: work requests on rank " + std::to_string(rank_) + " to " + pending_peers() +
+      throw timeout_error("verbs_transport::quiesce: work requests on rank " + std::to_string(rank_) + " to " + pending_peers() +
                   " did not complete within " + std::to_string(opt_.timeout.count()) + " ms");
   }
 
@@ -876,7 +876,7 @@ private:
       std::string who;
       for (std::size_t r = 0; r < qps_.size(); ++r)
         if (qps_[r].wrs.done() < last_wr_[id][r]) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
-      throw error("verbs_transport::flush: work requests of connection " + std::to_string(id) + " on rank " +
+      throw timeout_error("verbs_transport::flush: work requests of connection " + std::to_string(id) + " on rank " +
                   std::to_string(rank_) + " to " + who + " did not complete within " + std::to_string(opt_.timeout.count()) + " ms");
     }
   }
