@@ -632,8 +632,8 @@ private:
       progress();
       if (std::chrono::steady_clock::now() >= deadline) {
         free_ops_.push_back(o);
-        throw error(std::string("libfabric_transport: fi_writemsg (") + what + " to rank " + std::to_string(o->peer) +
-                    ") kept returning -FI_EAGAIN for " + std::to_string(opt_.timeout.count()) + " ms");
+        throw timeout_error(std::string("libfabric_transport: fi_writemsg (") + what + " to rank " +
+                            std::to_string(o->peer) + ") kept returning -FI_EAGAIN for " + std::to_string(opt_.timeout.count()) + " ms");
       }
       b.pause();
     }

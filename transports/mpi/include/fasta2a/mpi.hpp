@@ -614,9 +614,9 @@ public:
           MPI_Test(&sends_[i], &flag, MPI_STATUS_IGNORE);
           if (!flag) late = send_peer_[i];
         }
-        throw error("mpi_transport::flush: rank " + std::to_string(rank_) + "'s sends to rank " +
-                    std::to_string(late) + " did not complete within " + std::to_string(opt_.flush_timeout.count()) +
-                    " ms (did it post the matching expects?)");
+        throw timeout_error("mpi_transport::flush: rank " + std::to_string(rank_) + "'s sends to rank " +
+                            std::to_string(late) + " did not complete within " +
+                            std::to_string(opt_.flush_timeout.count()) + " ms (did it post the matching expects?)");
       }
       sends_.clear();
       send_peer_.clear();
