@@ -143,7 +143,7 @@ public:
   }
 
   /// After the engine timed out waiting for a peer, which may itself be waiting for another: the
-  /// ranks that do not answer a roll call of the ranks that timed out, named (", and rank 5 did not
+  /// ranks that do not answer a roll call of the ranks that timed out, named ("; rank 5 did not
   /// answer ..."), or "" if every rank answered. The ranks stuck behind one stopped rank time out
   /// within a moment of each other, so every survivor's error names the stopped one, whichever of
   /// them reaches MPI_Abort first.
