@@ -132,6 +132,30 @@ TEST_CASE("engine.host.factorized_split_mode_moves_every_byte_of_pairs_served_in
   run_and_check<factorized_decomposer>(topo, calls, 1, {.staging_fraction = std::nullopt}, dec);
 }
 
+TEST_CASE("engine.host.per_rail_plans_move_every_byte_with_rails_on_their_own_stages") {
+  // Per-rail schedules (plan_options::rails): each pair's bytes on one rail, each rail with stages
+  // of its own, and balance not held back by the rank's own rail. Skewed calls on 6 x 3 and 5 x 4
+  // (rails with different stage counts), with the default staging budget (shared slots, each
+  // rail's stages cut apart) and without one; every byte checked.
+  std::mt19937_64 rng(4242);
+  for (const auto& [S, G] : {std::pair{6, 3}, std::pair{5, 4}}) {
+    const two_tier_topology topo(S, G);
+    std::vector<traffic_matrix> calls;
+    for (int k = 0; k < 3; ++k) calls.push_back(skewed(S * G, rng, 1));
+    const plan p = planner<two_tier_topology>(topo, {.rails = rail_schedule::per_rail}).make(calls[0]);
+    REQUIRE(p.per_rail());
+    plan_options tight{.rails = rail_schedule::per_rail};
+    tight.staging_budget = staging_budget_for(largest_buffer(calls[0]), *engine_options{}.staging_fraction, tight);
+    const plan shared_slots = planner<two_tier_topology>(topo, tight).make(calls[0]);
+    REQUIRE(shared_slots.per_rail());
+    CHECK(shared_slots.staging_ring > 0); // the default budget does cut each rail's stages here
+    CAPTURE(S);
+    run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::per_rail}});
+    run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::per_rail}, .staging_fraction = std::nullopt});
+    run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::automatic}});
+  }
+}
+
 TEST_CASE("engine.host.megatron_trace_4x8") {
   const std::string path = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
   if (!testing::have_workload(path)) return;

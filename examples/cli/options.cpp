@@ -55,6 +55,11 @@ Planning:
                           if given: what the engine does per call (engine_options::staging_fraction).
                           plan's default: none; run's default: the engine's, 0.25; 0 turns it off
   --staging-slots K       slots per staging ring where staging is shared (default 8)
+  --rails MODE            shared (default: FAST, every rail of a server in step on server-level
+                          stages), per-rail (each server pair on one rail, each rail's matrix
+                          decomposed on its own: far fewer stages from a few dozen servers on,
+                          more scale-up hops) or auto (whichever the scale-out model predicts
+                          faster); plan_options::rails
   --repeat N              synthesis time = median of N plannings of one matrix (default 5)
   --rank R                plan only rank R's part (what rank R computes per call), never the whole
                           plan nor the baselines: memory is the matrix plus one rank's part, so
@@ -128,7 +133,7 @@ transport and buffers, and beside the plan's model figures.
 
 Topology, planning and input options are those of `fasta2a plan` (--servers, --gpus, --scaleup,
 --decomposer, --granule, --alpha, --max-plan-bytes, --staging-budget, --staging-fraction (default
-0.25 here, as the engine's), --staging-slots, --matrix/--index/--all/--unit, --uniform,
+0.25 here, as the engine's), --staging-slots, --rails, --matrix/--index/--all/--unit, --uniform,
 --zipf, --hotspot/--hot-share, --lognormal, --bytes-per-rank, --seed). One process holds every
 rank's buffers: size --unit or --bytes-per-rank to the machine's memory.
 Exit status: 0 every byte arrived; 1 a byte was wrong or a plan failed verification (a bug);
@@ -291,6 +296,12 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
       o.staging_fraction = parse_real(flag, v);
       if (!(o.staging_fraction >= 0) || !std::isfinite(o.staging_fraction))
         throw fa::error("--staging-fraction must be 0 (none) or above, got " + std::string(v));
+    } else if (flag == "--rails") {
+      const std::string_view v = value();
+      if (v == "shared") o.rails = fa::rail_schedule::shared;
+      else if (v == "per-rail") o.rails = fa::rail_schedule::per_rail;
+      else if (v == "auto") o.rails = fa::rail_schedule::automatic;
+      else throw fa::error("--rails must be shared, per-rail or auto, got '" + std::string(v) + "'");
     } else if (flag == "--staging-slots") o.staging_slots = static_cast<std::uint32_t>(parse_positive_int(flag, value()));
     else if (flag == "--repeat") o.repeat = static_cast<unsigned>(parse_positive_int(flag, value()));
     else if (flag == "--rank")

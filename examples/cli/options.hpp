@@ -52,6 +52,8 @@ struct options {
   bytes_t staging_budget = 0;
   double staging_fraction = -1;
   std::uint32_t staging_slots = fa::plan_options{}.staging_slots;
+  /// --rails shared|per-rail|auto: plan_options::rails.
+  fa::rail_schedule rails = fa::rail_schedule::shared;
   unsigned repeat = 5;
   /// --rank R: plan only rank R's part (planner::make_rank_into), never the whole plan nor the
   /// baselines; -1: the whole plan. Checked against the ranks in plan_command, which knows S x G.
@@ -109,6 +111,7 @@ inline fa::plan_options planning_options(const options& o) {
   if (o.adaptive) p.direct_if_faster_alpha = o.alpha_s;
   p.staging_budget = o.staging_budget;
   p.staging_slots = o.staging_slots;
+  p.rails = o.rails;
   return p;
 }
 

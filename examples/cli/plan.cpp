@@ -205,7 +205,7 @@ template <fa::Topology Topo> int plan_rank_on(const Topo& topo, const options& o
     r.lower_bound_s = lb.overall_s();
     r.lower_bound_alpha_s = lb.staged_s(o.alpha_s);
     if (view.staged) {
-      r.scaleout_s = net.stages_time(view.stage_weight);
+      r.scaleout_s = fa::scaleout_time(view, net);
     } else { // direct sending: the busiest NIC's inter-server bytes, from the matrix (as predict does)
       std::vector<bytes_t> send(static_cast<std::size_t>(n), 0), recv(static_cast<std::size_t>(n), 0);
       for (rank_t i = 0; i < n; ++i)

@@ -225,6 +225,7 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--staging-budget", num(o.staging_budget)},
           {"--staging-fraction", strf("%a", o.staging_fraction)},
           {"--staging-slots", num(o.staging_slots)},
+          {"--rails", fa::to_string(o.rails)},
           {"--compare-mpi", num(o.compare_mpi)},
           {"--dump-program", num(o.dump_program)}};
 }

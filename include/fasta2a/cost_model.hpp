@@ -131,6 +131,23 @@ struct prediction {
   double step_synchronous_s() const noexcept { return total_s; }
 };
 
+/// The scale-out phase of a staged plan in model net, stages one after another, alpha + weight /
+/// b_out each (scaleout_model::stages_time of plan::stage_weight); in a per-rail plan
+/// (plan::per_rail) each rail follows its own stages, so the phase lasts as long as the slowest
+/// rail's (its stages of weight 0 are ones it does not have).
+inline double scaleout_time(const plan& p, const scaleout_model& net) {
+  if (!p.per_rail()) return net.stages_time(p.stage_weight);
+  double most = 0;
+  const std::size_t T = p.stages();
+  for (int k = 0; k < p.gpus_per_server; ++k) {
+    double t = 0;
+    for (std::size_t st = 0; st < T; ++st)
+      if (const bytes_t w = p.weight(st, k); w > 0) t += net.stage_time(w);
+    most = std::max(most, t);
+  }
+  return most;
+}
+
 namespace detail {
 
 struct port_load {
@@ -494,6 +511,9 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
     }
     now += len;
   }
+  // Rails that switch on their own (per-rail plans): each rail's stages, the slowest rail's. The
+  // step-synchronous total above keeps every rail in step, each step as long as its heaviest rail.
+  if (p.per_rail()) pr.scaleout_s = scaleout_time(p, net);
   pr.total_s = std::max(now, pr.scaleup_s);
   if (cp.rail_window > 0) pr.pipelined_s = detail::pipelined_time(topo, p, net, cp.rail_window);
   if (timeline) {

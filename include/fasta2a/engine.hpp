@@ -95,6 +95,8 @@ inline std::uint64_t plan_hash(const plan& p) noexcept {
   for (char c : p.decomposer) mix(static_cast<unsigned char>(c));
   for (bytes_t w : p.stage_weight) mix(w);
   for (std::int32_t d : p.stage_perm) mix(static_cast<std::uint32_t>(d));
+  for (bytes_t w : p.rail_weight) mix(w);
+  for (std::int32_t d : p.rail_perm) mix(static_cast<std::uint32_t>(d));
   for (bytes_t b : p.staging_bytes) mix(b);
   mix(p.staging_ring);
   mix(p.staging_slot);
@@ -640,6 +642,7 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.registration_cache));
     h.mix(opt_.planning.staging_budget);
     h.mix(static_cast<std::uint64_t>(opt_.planning.staging_slots));
+    h.mix(static_cast<std::uint64_t>(opt_.planning.rails));
     h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
     h.mix(opt_.staging_fraction.value_or(0.0));
     h.mix(detail::decomposer_digest(dec));
@@ -691,6 +694,7 @@ private:
   struct exec {
     rank_program program;
     bool staged = false;
+    bool rails_apart = false;     ///< per-rail plan: each rail follows stages of its own (plan::per_rail)
     bool ordered = false;         ///< stream form: peers say they are ready first
     std::uint64_t seq = 0;        ///< stream form: the value of the release flag when done
     std::vector<bytes_t> peer_recv_base;
@@ -1384,6 +1388,7 @@ private:
   // opening a peer's handle the first time this rank puts into it.
   void bind(exec& x, registration& sreg, std::span<const std::byte> send, registration& rreg, std::span<std::byte> recv) {
     x.staged = plan_.staged;
+    x.rails_apart = plan_.per_rail();
     x.send_reg = sreg;
     x.recv_reg = rreg;
     x.staging_reg = staging_reg_ ? *staging_reg_ : registration{};
@@ -1687,7 +1692,10 @@ private:
         polled_[1] |= !gone;
         return gone;
       });
-      while (bal < T && bal < rail + W) {
+      // Balance runs rail_window stages ahead of this rank's own rail; in a per-rail plan the other
+      // rails' stage t need not come near this rail's (each follows its own stages), so balance
+      // is not held back by this rank's rail at all (a staging ring still bounds it by credits).
+      while (bal < T && (x.rails_apart || bal < rail + W)) {
         const auto credits = pg.at(sec::credit_balance, bal);
         while (cb_i < credits.size() && take(credits[cb_i])) ++cb_i, moved = true;
         hold(held_bal, cb_i < credits.size(), stats_.credit_wait_balance_s);

@@ -290,6 +290,9 @@ public:
       throw error("write_plan_json: the plan has " + std::to_string(T) + " stages of " +
                   std::to_string(S) + " servers but " + std::to_string(p.stage_perm.size()) +
                   " permutation entries");
+    if (p.per_rail())
+      throw error("write_plan_json: this plan has per-rail schedules (plan_options::rails), which plan documents (" +
+                  std::string(plan_json_format) + ") cannot express yet; plan with rail_schedule::shared to write one");
     text("{\"format\": \"");
     text(plan_json_format);
     text("\",\n \"servers\": ");

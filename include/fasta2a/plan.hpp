@@ -123,6 +123,15 @@ struct plan {
   /// sections). Every stage weighs at most staging_slot bytes then.
   std::uint32_t staging_ring = 0;
   bytes_t staging_slot = 0;
+  /// Per-rail schedules (plan_options::rails): empty where every rail of a server follows the
+  /// server-level stages above. Otherwise each rail has stages of its own, and stage t means each
+  /// rail's t-th: rail k of server s sends to rail k of server rail_perm[(t * G + k) * S + s] in
+  /// stage t (-1: idle), and rail k's stage t weighs rail_weight[k * T + t] (0 where rail k has fewer
+  /// than t + 1 stages); stage_weight[t] is the largest of them, and stage_perm is all -1. Each
+  /// server pair's bytes ride one rail. Rails switch on their own, so no rail waits for another's
+  /// stages: the scale-out phase lasts as long as the slowest rail (rail_time).
+  std::vector<std::int32_t> rail_perm;  ///< stages x G x servers, per-rail plans only
+  std::vector<bytes_t> rail_weight;     ///< G x stages (rail-major), per-rail plans only
   std::vector<std::uint32_t> op_offsets;  ///< CSR over (rank, stage): ranks (or 1 in a view) * op_stages() + 1
   std::vector<rank_op> op_list;
 
@@ -130,6 +139,18 @@ struct plan {
   std::size_t stages() const noexcept { return stage_weight.size(); }
   std::span<const std::int32_t> perm(std::size_t t) const noexcept {
     return {stage_perm.data() + t * servers, static_cast<std::size_t>(servers)};
+  }
+  /// Whether the rails follow schedules of their own (rail_perm, rail_weight).
+  bool per_rail() const noexcept { return !rail_weight.empty(); }
+  /// Rail k's permutation in stage t: the server each server's rail k sends to, -1 when idle
+  /// (per-rail plans; in others, the stage's server-level permutation).
+  std::span<const std::int32_t> perm(std::size_t t, int k) const noexcept {
+    if (!per_rail()) return perm(t);
+    return {rail_perm.data() + (t * gpus_per_server + k) * servers, static_cast<std::size_t>(servers)};
+  }
+  /// Rail k's weight in stage t: per-rail bytes at most (the stage's weight in plans that are not per-rail).
+  bytes_t weight(std::size_t t, int k) const noexcept {
+    return per_rail() ? rail_weight[static_cast<std::size_t>(k) * stages() + t] : stage_weight[t];
   }
   /// Sum of the stage weights: the per-rail bytes a server can send in the time the plan takes.
   bytes_t total_weight() const noexcept {
@@ -182,7 +203,8 @@ struct plan {
     return stage_weight.capacity() * sizeof(bytes_t) + stage_perm.capacity() * 4 +
            pieces.capacity() * sizeof(piece) + message_first.capacity() * 4 +
            message_count.capacity() * 4 + staging_bytes.capacity() * sizeof(bytes_t) +
-           op_offsets.capacity() * 4 + op_list.capacity() * sizeof(rank_op);
+           op_offsets.capacity() * 4 + op_list.capacity() * sizeof(rank_op) + rail_perm.capacity() * 4 +
+           rail_weight.capacity() * sizeof(bytes_t);
   }
 };
 

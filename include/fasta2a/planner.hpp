@@ -19,6 +19,28 @@
 
 namespace fasta2a {
 
+/// How the rails of a server are scheduled between servers (plan_options::rails).
+enum class rail_schedule : std::uint8_t {
+  /// FAST's phase 2: every server pair's bytes spread evenly over the rails, and every rail of a
+  /// server in step, following server-level stages (one-to-one permutations of servers).
+  shared,
+  /// Each server pair's bytes on one rail (pairs largest first, each on the rail where the larger of
+  /// its two servers' loads grows least, ties to the rail whose GPU sends or receives most of the
+  /// pair), and each rail's matrix decomposed on its own: a rail's NIC still sends to one NIC and
+  /// receives from one per stage (no incast), but it switches when its own stages say. A rail then
+  /// carries about (S - 1) / G pairs per server instead of S - 1, so from a few dozen servers on
+  /// it needs far fewer stages; the price is scale-up traffic (most bytes take two scale-up hops,
+  /// against about one in FAST) and, with few servers, rails that whole pairs cannot balance.
+  per_rail,
+  /// Whichever of the two the topology's scale-out model (scaleout_of) predicts faster, per call:
+  /// both are decomposed (G + 1 decompositions).
+  automatic,
+};
+
+inline const char* to_string(rail_schedule r) noexcept {
+  return r == rail_schedule::shared ? "shared" : r == rail_schedule::per_rail ? "per-rail" : "auto";
+}
+
 /// Options of the planner.
 struct plan_options {
   /// Rail loads of a server pair are equal to within one granule, and splits fall on granule
@@ -51,6 +73,8 @@ struct plan_options {
   /// without a budget: the credits need stages in flight to hide their latency, and slots past
   /// that only add stages.
   std::uint32_t staging_slots = 8;
+  /// Shared stages (FAST), per-rail schedules, or whichever the model predicts faster (rail_schedule).
+  rail_schedule rails = rail_schedule::shared;
 };
 
 /// The staging budget of a call whose largest buffer (the most bytes any rank sends or receives)
@@ -256,18 +280,33 @@ private:
     p.scaleup_bytes = 0;
     p.choice.clear();
 
-    // Phase 1's rail capacities depend only on each pair's total and diagonal, so every rank can
-    // compute all of them cheaply: they give M (phase 2's input) and the staging layout.
-    rail_layout(t, p);
-    p.rail_load = max_line_sum(m_);
-
     stages_.max_bytes = opt_.max_plan_bytes;
     stages_.extra_bytes_per_stage =
         (view < 0 ? static_cast<std::size_t>(n) : std::size_t{1}) * sizeof(std::uint32_t) + S * 4;
-    dec_.decompose(m_, stages_);
-    if constexpr (requires { dec_.chosen(); dec_.reason(); }) {
-      p.decomposer = dec_.chosen();
-      p.choice = dec_.reason();
+    // Per-rail schedules (plan_options::rails) are chosen, and their rails decomposed, before
+    // phase 1: they decide each pair's rail capacities.
+    rails_ = false;
+    bool decomposed = false;
+    if (D::staged && G > 1 && opt_.rails != rail_schedule::shared) {
+      rails_ = choose_rails(t, p);
+      decomposed = !rails_; // automatic: the shared stages are made already
+    }
+    // Phase 1's rail capacities depend only on each pair's total and diagonal, so every rank can
+    // compute all of them cheaply: they give M (phase 2's input) and the staging layout.
+    rail_layout(t, p);
+    if (rails_) {
+      p.rail_load = 0;
+      for (const server_matrix& mk : rail_m_) p.rail_load = std::max(p.rail_load, max_line_sum(mk));
+      combine_rails();
+    } else {
+      p.rail_load = max_line_sum(m_);
+      if (!decomposed) {
+        dec_.decompose(m_, stages_);
+        if constexpr (requires { dec_.chosen(); dec_.reason(); }) {
+          p.decomposer = dec_.chosen();
+          p.choice = dec_.reason() + p.choice;
+        }
+      }
     }
     ring_ = 0;
     slot_ = 0;
@@ -275,15 +314,26 @@ private:
     p.staging_ring = ring_;
     p.staging_slot = slot_;
     if (D::staged && opt_.direct_if_faster_alpha) choose_direct(p);
-    if (!p.staged) stages_.reset(S);
+    if (!p.staged) {
+      stages_.reset(S);
+      rails_ = false;
+    }
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
     p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
+    if (rails_) {
+      p.rail_weight = rail_weight_;
+      p.rail_perm = rail_perm_;
+    } else {
+      p.rail_weight.clear();
+      p.rail_perm.clear();
+    }
     const std::size_t T = p.stages();
     const std::size_t views = view < 0 ? static_cast<std::size_t>(n) : 1;
     const std::size_t op_slots = views * (T == 0 ? 1 : T) + 1;
     check_size(T * (S * 4 + 8) + op_slots * 4 + (view < 0 ? 2 * static_cast<std::size_t>(n) * n * 4 : 0),
                "stages and index");
-    index_pair_stages(p);
+    if (rails_) index_rail_stages(p);
+    else index_pair_stages(p);
     index_.begin(p);
 
     // Phase 1 and the pieces, one server pair at a time; a rank's view needs only the pairs that
@@ -385,7 +435,13 @@ private:
         // Extra granules go to the rails with the most traffic that needs no scale-up hop.
         const bool kept = !view || s == home || d == home;
         bytes_t* cap = kept ? caps_.data() + pair_slot(p, S, G, s, d) * G : other_caps_.data();
-        m_(s, d) = rail_capacities<static_gpus_v<Topo>>(v, G, opt_.granule, blk, ld + 1, cap);
+        if (rails_) { // the whole pair on its rail
+          std::fill_n(cap, G, bytes_t{0});
+          cap[rail_of_[static_cast<std::size_t>(s) * S + d]] = v;
+          m_(s, d) = v;
+        } else {
+          m_(s, d) = rail_capacities<static_gpus_v<Topo>>(v, G, opt_.granule, blk, ld + 1, cap);
+        }
         if (view && D::staged) // staging_layout::build's two passes, summed in one
           for (int k = 0; k < G; ++k) {
             bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
@@ -476,6 +532,25 @@ private:
     bytes_t heaviest = 0;
     for (bytes_t x : stages_.weights) heaviest = std::max(heaviest, x);
     w = std::min(w, heaviest);
+    if (rails_) { // each rail's stages cut apart, then aligned again
+      for (stage_list& list : rail_stages_) {
+        split_.reset(list.servers);
+        split_.max_bytes = list.max_bytes;
+        split_.extra_bytes_per_stage = list.extra_bytes_per_stage;
+        for (std::size_t t = 0; t < list.size(); ++t)
+          for (bytes_t left = list.weights[t]; left > 0;) {
+            const bytes_t x = std::min(left, w);
+            split_.add(x, list.perm(t));
+            left -= x;
+          }
+        std::swap(list, split_);
+      }
+      combine_rails();
+      ring_ = static_cast<std::uint32_t>(std::min<std::size_t>(K, stages_.size()));
+      slot_ = w;
+      for (bytes_t& b : p.staging_bytes) b = b == 0 ? 0 : 2 * static_cast<bytes_t>(ring_) * w;
+      return;
+    }
     split_.reset(stages_.servers);
     split_.max_bytes = stages_.max_bytes;
     split_.extra_bytes_per_stage = stages_.extra_bytes_per_stage;
@@ -501,7 +576,7 @@ private:
   // Direct sending instead of the stages, if the model says it is faster (plan_options).
   void choose_direct(plan& p) {
     const scaleout_model net = fallback_model();
-    const double staged = net.stages_time(stages_.weights);
+    const double staged = rails_ ? rails_time(net) : net.stages_time(stages_.weights);
     const bytes_t nic = nic_.empty() ? 0 : *std::max_element(nic_.begin(), nic_.end());
     const double direct = net.direct_time(nic);
     auto ms = [](double sec) {
@@ -520,6 +595,138 @@ private:
       std::fill(p.staging_bytes.begin(), p.staging_bytes.end(), 0);
       p.staging_ring = ring_ = 0;
       p.staging_slot = slot_ = 0;
+      rails_ = false;
+    }
+  }
+
+  // The slowest rail's modelled time (per-rail schedules): each rail's stages, alpha each.
+  double rails_time(const scaleout_model& net) const {
+    double most = 0;
+    for (const stage_list& list : rail_stages_) most = std::max(most, net.stages_time(list.weights));
+    return most;
+  }
+
+  // Per-rail schedules (plan_options::rails): assigns every server pair to a rail, decomposes each
+  // rail's matrix with the planner's decomposer, and, for rail_schedule::automatic, also the shared
+  // stages (into stages_), keeping whichever the topology's scale-out model predicts faster. Returns
+  // whether the rails are per-rail; p.choice says why.
+  bool choose_rails(const traffic_view& t, plan& p) {
+    const int S = topo_.servers(), G = gpus();
+    const std::size_t SS = static_cast<std::size_t>(S) * S, ld = static_cast<std::size_t>(t.outerStride());
+    pair_bytes_.assign(SS, 0);
+    order_.clear();
+    bool overflow = false;
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d) continue;
+        const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
+        const bytes_t v = block_sum(blk, ld, G, overflow);
+        pair_bytes_[static_cast<std::size_t>(s) * S + d] = v;
+        if (v > 0) order_.push_back(static_cast<std::uint32_t>(static_cast<std::size_t>(s) * S + d));
+      }
+    if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return pair_bytes_[a] > pair_bytes_[b]; });
+    // Largest pairs first, each on the rail where the larger of its servers' loads grows least;
+    // among those, the rail whose GPU sends or receives most of the pair (fewest scale-up hops).
+    rail_of_.assign(SS, 0);
+    load_out_.assign(static_cast<std::size_t>(G) * S, 0);
+    load_in_.assign(static_cast<std::size_t>(G) * S, 0);
+    for (std::uint32_t pr : order_) {
+      const int s = static_cast<int>(pr / S), d = static_cast<int>(pr % S);
+      const bytes_t v = pair_bytes_[pr];
+      const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
+      int best = -1;
+      bytes_t best_top = 0, best_own = 0;
+      for (int k = 0; k < G; ++k) {
+        const bytes_t top = std::max(load_out_[static_cast<std::size_t>(k) * S + s], load_in_[static_cast<std::size_t>(k) * S + d]);
+        if (best >= 0 && top > best_top) continue;
+        bytes_t own = 0; // GPU k's row and column of the block (the diagonal twice: it needs no hop at all)
+        for (int o = 0; o < G; ++o) own += blk[static_cast<std::size_t>(k) * ld + o] + blk[static_cast<std::size_t>(o) * ld + k];
+        if (best < 0 || top < best_top || own > best_own) best = k, best_top = top, best_own = own;
+      }
+      rail_of_[pr] = static_cast<std::uint32_t>(best);
+      load_out_[static_cast<std::size_t>(best) * S + s] += v;
+      load_in_[static_cast<std::size_t>(best) * S + d] += v;
+    }
+    rail_m_.resize(static_cast<std::size_t>(G));
+    rail_stages_.resize(static_cast<std::size_t>(G));
+    for (server_matrix& mk : rail_m_) mk.setZero(S, S);
+    for (std::uint32_t pr : order_) rail_m_[rail_of_[pr]](pr / S, pr % S) = pair_bytes_[pr];
+    // The stage lists' size limits count the rail arrays too (G permutations and weights a stage).
+    const std::size_t extra = stages_.extra_bytes_per_stage + static_cast<std::size_t>(G) * (S * 4 + 8);
+    std::string chosen;
+    for (int k = 0; k < G; ++k) {
+      stage_list& list = rail_stages_[static_cast<std::size_t>(k)];
+      list.reset(S);
+      list.max_bytes = opt_.max_plan_bytes;
+      list.extra_bytes_per_stage = extra;
+      dec_.decompose(rail_m_[static_cast<std::size_t>(k)], list);
+      if constexpr (requires { dec_.chosen(); }) {
+        const std::string c = dec_.chosen();
+        if (chosen.empty()) chosen = c;
+        else if (chosen != c && chosen.find(c) == std::string::npos) chosen += "/" + c;
+      }
+    }
+    p.decomposer = chosen.empty() ? D::name : chosen;
+    const scaleout_model net = scaleout_of(topo_);
+    const double mine = rails_time(net);
+    std::size_t most = 0;
+    for (const stage_list& list : rail_stages_) most = std::max(most, list.size());
+    auto ms = [](double sec) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4g ms", sec * 1e3);
+      return std::string(b);
+    };
+    p.choice = "per-rail schedules, slowest rail " + ms(mine) + " in " + std::to_string(most) + " stages";
+    if (opt_.rails == rail_schedule::per_rail) return true;
+    // Automatic: the shared stages of the same matrix (phase 1's M depends on each pair's total only).
+    m_.setZero(S, S);
+    for (std::uint32_t pr : order_) m_(pr / S, pr % S) = per_rail_bytes(pair_bytes_[pr], G, opt_.granule);
+    dec_.decompose(m_, stages_);
+    std::string shared_name = D::name;
+    if constexpr (requires { dec_.chosen(); }) shared_name = dec_.chosen();
+    const double theirs = net.stages_time(stages_.weights);
+    const std::string why = p.choice + " vs shared " + shared_name + " " + std::to_string(stages_.size()) +
+                            " stages " + ms(theirs) + " (scale-out model)";
+    if (mine < theirs) {
+      p.choice = why + ": per-rail is faster";
+      return true;
+    }
+    p.decomposer = shared_name;
+    p.choice = why + ": shared is faster";
+    return false;
+  }
+
+  // The per-rail stage lists as the plan's stages: each rail's heaviest first, rail k's i-th in
+  // stage i (rail_weight_, rail_perm_), and stages_ with each stage's heaviest rail and no
+  // server-level permutation.
+  void combine_rails() {
+    const int S = topo_.servers(), G = gpus();
+    std::size_t T = 0;
+    for (const stage_list& list : rail_stages_) T = std::max(T, list.size());
+    rail_weight_.assign(static_cast<std::size_t>(G) * T, 0);
+    rail_perm_.assign(T * G * S, -1);
+    for (int k = 0; k < G; ++k) {
+      const stage_list& list = rail_stages_[static_cast<std::size_t>(k)];
+      rank_order_.resize(list.size());
+      for (std::size_t i = 0; i < list.size(); ++i) rank_order_[i] = static_cast<std::uint32_t>(i);
+      std::stable_sort(rank_order_.begin(), rank_order_.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return list.weights[a] > list.weights[b]; });
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::uint32_t from = rank_order_[i];
+        rail_weight_[static_cast<std::size_t>(k) * T + i] = list.weights[from];
+        std::int32_t* perm = rail_perm_.data() + (i * G + k) * S;
+        const auto src = list.perm(from);
+        for (int s = 0; s < S; ++s) perm[s] = src[s] == s ? -1 : src[s];
+      }
+    }
+    stages_.reset(S);
+    neg_.assign(static_cast<std::size_t>(S), -1);
+    for (std::size_t i = 0; i < T; ++i) {
+      bytes_t most = 0;
+      for (int k = 0; k < G; ++k) most = std::max(most, rail_weight_[static_cast<std::size_t>(k) * T + i]);
+      stages_.add(most, neg_);
     }
   }
 
@@ -560,6 +767,49 @@ private:
                       std::to_string(s) + ", " + std::to_string(d) + ") " +
                       std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
                       " per-rail bytes of stages; it needs " + std::to_string(m_(s, d)));
+  }
+
+  // index_pair_stages for per-rail plans: a pair's stages are those of its rail in which its
+  // source sends to its destination; any other rail's entry for the pair is padding.
+  void index_rail_stages(plan& p) {
+    const int S = p.servers, G = p.gpus_per_server;
+    const std::size_t T = p.stages();
+    pair_first_.assign(static_cast<std::size_t>(S) * S + 1, 0);
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) {
+        for (std::size_t i = 1; i < pair_first_.size(); ++i) pair_first_[i] += pair_first_[i - 1];
+        pair_stages_.resize(pair_first_.back());
+        fill_.assign(pair_first_.begin(), pair_first_.end() - 1);
+        pair_weight_.assign(static_cast<std::size_t>(S) * S, 0);
+      }
+      for (std::size_t t = 0; t < T; ++t)
+        for (int k = 0; k < G; ++k) {
+          std::int32_t* perm = p.rail_perm.data() + (t * G + k) * S;
+          for (int s = 0; s < S; ++s) {
+            const int d = perm[s];
+            if (d < 0) continue;
+            const std::size_t pr = static_cast<std::size_t>(s) * S + d;
+            if (rail_of_[pr] != static_cast<std::uint32_t>(k)) {
+              perm[s] = -1;
+              continue;
+            }
+            if (pass == 0) {
+              ++pair_first_[pr + 1];
+              continue;
+            }
+            if (pair_weight_[pr] >= m_(s, d)) perm[s] = -1; // padding past the pair's bytes
+            pair_weight_[pr] += p.rail_weight[static_cast<std::size_t>(k) * T + t];
+            pair_stages_[fill_[pr]++] = static_cast<std::int32_t>(t);
+          }
+        }
+    }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d)
+        if (s != d && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
+          throw error(std::string("decomposer '") + D::name + "' gave server pair (" + std::to_string(s) + ", " +
+                      std::to_string(d) + ") on rail " + std::to_string(rail_of_[static_cast<std::size_t>(s) * S + d]) +
+                      " " + std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
+                      " bytes of stages; it needs " + std::to_string(m_(s, d)));
   }
 
   void open_message(plan& p, rank_t src, rank_t dst) {
@@ -702,7 +952,7 @@ private:
     pair_cursor c;
     c.stages = pair_stages_.data() + pair_first_[pr];
     c.nstages = pair_first_[pr + 1] - pair_first_[pr];
-    c.weight = p.stage_weight.data();
+    c.weight = rails_ ? p.rail_weight.data() + static_cast<std::size_t>(rail_of_[pr]) * p.stages() : p.stage_weight.data();
     c.out_base = p.view < 0 ? layout_.out_base(pr * G) : view_out_.data() + slot * G;
     c.in_base = p.view < 0 ? layout_.in_base(pr * G) : view_in_.data() + slot * G;
     c.s = s;
@@ -1050,6 +1300,15 @@ private:
   server_matrix m_;
   stage_list stages_, split_;
   std::uint32_t ring_ = 0; // plan::staging_ring and staging_slot of the plan being made
+  // Per-rail schedules (plan_options::rails): whether the plan being made has them, each pair's
+  // rail and bytes, each rail's matrix and stages, and the plan's rail arrays.
+  bool rails_ = false;
+  std::vector<std::uint32_t> rail_of_;
+  std::vector<bytes_t> pair_bytes_, load_out_, load_in_, rail_weight_;
+  std::vector<std::uint32_t> order_, rank_order_;
+  std::vector<server_matrix> rail_m_;
+  std::vector<stage_list> rail_stages_;
+  std::vector<std::int32_t> rail_perm_, neg_;
   bytes_t slot_ = 0;
   std::vector<std::size_t> pair_first_, fill_;
   std::vector<std::int32_t> pair_stages_;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -54,6 +55,55 @@ inline std::string ring_slot_problem(const plan& p, rank_t at, bool arriving, st
          std::to_string(lo + w) + ") of the " + (arriving ? "arrival" : "balance") + " ring";
 }
 
+/// Why the stages of p are malformed, or "": each stage has a positive weight and is a partial
+/// permutation of servers (no server sends to two or receives from two, none to itself); in a
+/// per-rail plan (plan::per_rail) each rail's stages are, the stage weight is its heaviest rail's,
+/// and the server-level permutations are empty (all -1).
+inline std::string stage_problem(const plan& p) {
+  using std::to_string;
+  const int S = p.servers, G = p.gpus_per_server;
+  const std::size_t T = p.stages();
+  if (p.stage_perm.size() != T * S) return "stage permutations do not match stage count";
+  std::vector<int> seen(S);
+  auto partial = [&](std::span<const std::int32_t> perm, const std::string& where) -> std::string {
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int s = 0; s < S; ++s) {
+      const int d = perm[s];
+      if (d == -1) continue;
+      if (d < 0 || d >= S || d == s) return where + " sends server " + to_string(s) + " to " + to_string(d);
+      if (seen[d]++) return "server " + to_string(d) + " receives from two servers in " + where;
+    }
+    return {};
+  };
+  if (!p.per_rail()) {
+    if (!p.rail_perm.empty()) return "rail permutations without rail weights";
+    for (std::size_t st = 0; st < T; ++st) {
+      if (p.stage_weight[st] == 0) return "stage " + to_string(st) + " has weight 0";
+      if (std::string why = partial(p.perm(st), "stage " + to_string(st)); !why.empty()) return why;
+    }
+    return {};
+  }
+  if (p.rail_weight.size() != T * G || p.rail_perm.size() != T * G * S)
+    return "per-rail stages do not match stage count (" + to_string(T) + " stages x " + to_string(G) + " rails)";
+  for (std::size_t st = 0; st < T; ++st) {
+    bytes_t most = 0;
+    for (int k = 0; k < G; ++k) {
+      most = std::max(most, p.weight(st, k));
+      const std::string where = "stage " + to_string(st) + " of rail " + to_string(k);
+      if (std::string why = partial(p.perm(st, k), where); !why.empty()) return why;
+      if (p.weight(st, k) == 0)
+        for (int s = 0; s < S; ++s)
+          if (p.perm(st, k)[s] >= 0) return where + " has weight 0 but sends server " + to_string(s);
+    }
+    if (most == 0) return "stage " + to_string(st) + " has weight 0 on every rail";
+    if (p.stage_weight[st] != most)
+      return "stage " + to_string(st) + " weighs " + to_string(p.stage_weight[st]) + ", its heaviest rail " + to_string(most);
+    for (int s = 0; s < S; ++s)
+      if (p.perm(st)[s] != -1) return "stage " + to_string(st) + " of a per-rail plan has a server-level permutation";
+  }
+  return {};
+}
+
 } // namespace detail
 
 /// Checks plan p against traffic matrix t without trusting the planner:
@@ -66,6 +116,11 @@ inline std::string ring_slot_problem(const plan& p, rank_t at, bool arriving, st
 ///   rail hop goes where its stage's permutation sends its server;
 /// - per stage, server and rail, the bytes are at most the stage weight; per server pair the rail
 ///   loads differ by at most one granule (phase 1 balance);
+/// - in a per-rail plan (plan::per_rail) the same per rail: each rail's stages are partial
+///   permutations, a piece's rail hop goes where its rail's permutation sends its server, the
+///   bytes per stage, server and rail are at most that rail's weight, and each server pair's bytes
+///   ride one rail (instead of being balanced over all); each rail's weights sum to at least the
+///   busiest line of what that rail carries (exactly, within rounding, if asked);
 /// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
 /// - staging regions lie inside each rank's staging size and never overlap; where staging is
 ///   shared (plan::staging_ring), every stage fits a slot, every region lies in its stage's slot,
@@ -98,22 +153,8 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
     return fail("message index is not ranks x ranks");
   if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
 
-  // Stages are partial permutations with positive weights.
-  std::vector<int> seen(S);
-  for (std::size_t st = 0; st < T; ++st) {
-    if (p.stage_weight[st] == 0) return fail("stage " + to_string(st) + " has weight 0");
-    std::fill(seen.begin(), seen.end(), 0);
-    for (int s = 0; s < S; ++s) {
-      int d = p.perm(st)[s];
-      if (d == -1) continue;
-      if (d < 0 || d >= S || d == s)
-        return fail("stage " + to_string(st) + " sends server " + to_string(s) + " to " +
-                    to_string(d));
-      if (seen[d]++)
-        return fail("server " + to_string(d) + " receives from two servers in stage " +
-                    to_string(st));
-    }
-  }
+  // Stages are partial permutations with positive weights (per rail, in a per-rail plan).
+  if (std::string why = detail::stage_problem(p); !why.empty()) return fail(why);
 
   // Messages are tiled by their pieces; pieces are legal.
   std::vector<unsigned char> owned(p.pieces.size(), 0);
@@ -148,9 +189,9 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
         if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
         if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
           return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
-        if (p.perm(pc.stage)[s] != d)
-          return fail(where + " rides stage " + to_string(pc.stage) + ", in which server " +
-                      to_string(s) + " sends to " + to_string(p.perm(pc.stage)[s]));
+        if (p.perm(pc.stage, pc.rail)[s] != d)
+          return fail(where + " rides stage " + to_string(pc.stage) + (p.per_rail() ? " of rail " + to_string(pc.rail) : "") +
+                      ", in which server " + to_string(s) + " sends to " + to_string(p.perm(pc.stage, pc.rail)[s]));
         rail_loads.push_back({(static_cast<std::size_t>(pc.stage) * S + s) * G + pc.rail, pc.bytes});
         pair_loads.push_back({(static_cast<std::size_t>(s) * S + d) * G + pc.rail, pc.bytes});
         const rank_t a = s * G + pc.rail, b = d * G + pc.rail;
@@ -188,12 +229,45 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
     std::size_t k = rail_loads[i].key;
     for (; i < rail_loads.size() && rail_loads[i].key == k; ++i) sum += rail_loads[i].bytes;
     const std::size_t st = k / (static_cast<std::size_t>(S) * G);
-    if (sum > p.stage_weight[st])
+    if (sum > p.weight(st, static_cast<int>(k % G)))
       return fail("stage " + to_string(st) + ": server " + to_string(k / G % S) + " rail " +
                   to_string(k % G) + " carries " + to_string(sum) + " bytes, weight is " +
-                  to_string(p.stage_weight[st]));
+                  to_string(p.weight(st, static_cast<int>(k % G))));
   }
-  if (p.staged) {
+  if (p.staged && p.per_rail()) {
+    // Each pair on one rail; each rail's weights reach the busiest line of what it carries.
+    std::vector<bytes_t> per_rail(static_cast<std::size_t>(S) * S * G, 0);
+    for (const load& l : pair_loads) per_rail[l.key] += l.bytes;
+    std::vector<bytes_t> out(static_cast<std::size_t>(G) * S, 0), in(out);
+    for (std::size_t pr = 0; pr < static_cast<std::size_t>(S) * S; ++pr) {
+      int rails = 0;
+      for (int k = 0; k < G; ++k)
+        if (const bytes_t b = per_rail[pr * G + k]; b > 0) {
+          ++rails;
+          out[static_cast<std::size_t>(k) * S + pr / S] += b;
+          in[static_cast<std::size_t>(k) * S + pr % S] += b;
+        }
+      if (rails > 1)
+        return fail("server pair (" + to_string(pr / S) + ", " + to_string(pr % S) + ") rides " + to_string(rails) +
+                    " rails in a per-rail plan, which gives each pair one");
+    }
+    for (int k = 0; k < G; ++k) {
+      bytes_t busiest = 0, sum = 0;
+      for (int s = 0; s < S; ++s)
+        busiest = std::max({busiest, out[static_cast<std::size_t>(k) * S + s], in[static_cast<std::size_t>(k) * S + s]});
+      for (std::size_t st = 0; st < T; ++st) sum += p.weight(st, k);
+      if (sum < busiest)
+        return fail("rail " + to_string(k) + "'s stage weights sum to " + to_string(sum) +
+                    ", below the busiest server's bytes on that rail, " + to_string(busiest));
+      bytes_t slack = 0, limit = 0;
+      const bool unbounded = __builtin_mul_overflow(static_cast<bytes_t>(S), p.granule, &slack) ||
+                             __builtin_add_overflow(busiest, slack, &limit);
+      if (opt.exact_lower_bound && !unbounded && sum > limit)
+        return fail("rail " + to_string(k) + "'s stage weights sum to " + to_string(sum) +
+                    ", above the busiest server's bytes on that rail, " + to_string(busiest) + ", plus rounding " +
+                    to_string(slack));
+    }
+  } else if (p.staged) {
     std::vector<bytes_t> per_rail(static_cast<std::size_t>(S) * S * G, 0);
     for (const load& l : pair_loads) per_rail[l.key] += l.bytes;
     for (std::size_t pr = 0; pr < static_cast<std::size_t>(S) * S; ++pr) {
@@ -205,8 +279,9 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
     }
   }
 
-  // Stage weights against the scale-out lower bound, computed here from the matrix alone.
-  if (p.staged && S > 1) {
+  // Stage weights against the scale-out lower bound, computed here from the matrix alone (a
+  // per-rail plan's rails are checked one by one above).
+  if (p.staged && S > 1 && !p.per_rail()) {
     std::vector<bytes_t> out(S, 0), in(S, 0);
     for (rank_t i = 0; i < n; ++i)
       for (rank_t j = 0; j < n; ++j)
@@ -314,7 +389,8 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
 /// - r's own messages, sent and received, are tiled exactly by their pieces: each message's pieces
 ///   are contiguous in the list, their offsets run from 0 without gap or overlap, and their bytes
 ///   sum to the matrix entry (no pieces where the entry is 0);
-/// - per stage, what r's rail sends and receives is at most the stage weight;
+/// - per stage, what r's rail sends and receives is at most the stage weight (its rail's, in a
+///   per-rail plan, whose rails' weights together must hold the busiest server's bytes);
 /// - the weights sum to at least the scale-out lower bound (exactly, within rounding, if asked);
 /// - r's staging regions lie inside r's staging size and never overlap (where staging is shared:
 ///   within a stage, and each inside its stage's slot), and the slots its pieces take in other
@@ -347,19 +423,7 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
   if (p.stage_perm.size() != T * S) return fail("stage permutations do not match stage count");
   if (!p.staged && T != 0) return fail("an unstaged plan has stages");
   if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
-
-  std::vector<int> seen(S);
-  for (std::size_t st = 0; st < T; ++st) {
-    if (p.stage_weight[st] == 0) return fail("stage " + to_string(st) + " has weight 0");
-    std::fill(seen.begin(), seen.end(), 0);
-    for (int s = 0; s < S; ++s) {
-      const int d = p.perm(st)[s];
-      if (d == -1) continue;
-      if (d < 0 || d >= S || d == s)
-        return fail("stage " + to_string(st) + " sends server " + to_string(s) + " to " + to_string(d));
-      if (seen[d]++) return fail("server " + to_string(d) + " receives from two servers in stage " + to_string(st));
-    }
-  }
+  if (std::string why = detail::stage_problem(p); !why.empty()) return fail(why);
 
   // Pieces: r's, legal; r's messages tiled; r's rail within the stage weights; staging slots.
   std::vector<bytes_t> sent(n, 0), received(n, 0);           // next offset of r -> x and x -> r
@@ -392,9 +456,9 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
       if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
       if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
         return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
-      if (p.perm(pc.stage)[s] != d)
-        return fail(where + " rides stage " + to_string(pc.stage) + ", in which server " + to_string(s) +
-                    " sends to " + to_string(p.perm(pc.stage)[s]));
+      if (p.perm(pc.stage, pc.rail)[s] != d)
+        return fail(where + " rides stage " + to_string(pc.stage) + (p.per_rail() ? " of rail " + to_string(pc.rail) : "") +
+                    ", in which server " + to_string(s) + " sends to " + to_string(p.perm(pc.stage, pc.rail)[s]));
       const rank_t a = p.rail_source(pc), b = p.rail_target(pc);
       if ((a == pc.src) != (pc.stage_out == no_staging))
         return fail(where + " has a staging slot at its rail sender iff it needs a balance hop: violated");
@@ -449,10 +513,10 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
                   " bytes in pieces, the matrix says " + to_string(t(x, r)));
   }
   for (std::size_t st = 0; st < T; ++st)
-    if (rail_out[st] > p.stage_weight[st] || rail_in[st] > p.stage_weight[st])
+    if (rail_out[st] > p.weight(st, my_rail) || rail_in[st] > p.weight(st, my_rail))
       return fail("stage " + to_string(st) + ": rank " + to_string(r) + "'s rail carries " +
                   to_string(std::max(rail_out[st], rail_in[st])) + " bytes, weight is " +
-                  to_string(p.stage_weight[st]));
+                  to_string(p.weight(st, my_rail)));
   std::sort(mine.begin(), mine.end(),
             [](const region& x, const region& y) { return std::tie(x.stage, x.begin) < std::tie(y.stage, y.begin); });
   for (std::size_t i = 1; i < mine.size(); ++i)
@@ -476,7 +540,16 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
     if (overflow) return fail("the matrix's total overflows 64 bits");
     if (total != p.total_bytes)
       return fail("the plan says it moves " + to_string(p.total_bytes) + " bytes, the matrix " + to_string(total));
-    if (p.staged && S > 1) {
+    if (p.staged && S > 1 && p.per_rail()) {
+      // The busiest server's bytes must fit in its rails' stages, all rails together (which
+      // rail carries how much is the other ranks' to show).
+      bytes_t busiest = 0, sum = 0;
+      for (int s = 0; s < S; ++s) busiest = std::max({busiest, out[s], in[s]});
+      for (bytes_t w : p.rail_weight) sum += w;
+      if (sum < busiest)
+        return fail("the rails' stage weights sum to " + to_string(sum) + ", below the busiest server's bytes " +
+                    to_string(busiest));
+    } else if (p.staged && S > 1) {
       bytes_t busiest = 0;
       for (int s = 0; s < S; ++s) busiest = std::max({busiest, out[s], in[s]});
       const bytes_t bound = (busiest + G - 1) / G;

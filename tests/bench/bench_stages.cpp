@@ -8,6 +8,11 @@
 //        bench_stages --per-rail [max_servers] [alpha_us]  an experiment: per-rail schedules (each
 //                                rail its own stages) in the model, against LB_alpha and FAST's best
 //                                (alpha 10 us unless given)
+//        bench_stages --rails [max_servers]  the library's per-rail plans (plan_options::rails) on
+//                                --lb-alpha's grid: planned by `best` as rank 0's part, their scale-out
+//                                model over LB_alpha beside the shared plan's, the slowest rail's
+//                                stages, a rank's synthesis time, and (up to 320 GPUs) whole plans
+//                                verified, with their scale-up bytes per inter-server byte
 //        bench_stages --counts   stage counts of the exact decomposers on the Megatron trace (4 x 8,
 //                                unit 8192) and Zipf(1.0) 8 x 8 (64 MiB per GPU, seeds 1-32), beside
 //                                the non-zeros k of M and the S^2 - 2S + 2 and k - 2S + 2 bounds
@@ -25,7 +30,10 @@
 
 #include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
+#include "fasta2a/cost_model.hpp"
 #include "fasta2a/planner.hpp"
+#include "fasta2a/registry.hpp"
+#include "fasta2a/verify.hpp"
 
 using namespace fasta2a;
 
@@ -338,6 +346,85 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
   return o;
 }
 
+// The library's per-rail plans (plan_options::rails) on issue 13's grid, as a runtime makes them:
+// rank 0's part, planned by `best` on an H200 cluster (alpha 10 us, 50 GB/s): the scale-out
+// model (scaleout_time: the slowest rail's stages) over LB_alpha, for shared and per-rail
+// schedules, the slowest rail's stages, and a rank's synthesis time (median of 3 after a warm-up).
+// Up to 40 servers the whole per-rail plan is also made and verified, and its scale-up bytes per
+// inter-server byte reported.
+void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_servers) {
+  const bytes_t granule = 8192;
+  std::printf("# the library's plans (plan_options::rails), scale-out phase in the alpha-beta MODEL (alpha 10 us, 50 GB/s),\n"
+              "# 64 MiB per GPU: scaleout_time / LB_alpha (LB_alpha = LB_out + (S - 1) alpha); stages: shared plan's, and the\n"
+              "# slowest rail's of the per-rail plan; rank ms: planning rank 0's part (median of 3); verified: the whole\n"
+              "# per-rail plan (up to 320 GPUs); up/out: its scale-up bytes per inter-server byte (shared plan's in brackets)\n");
+  std::printf("| workload | GPUs | shared (stages) | per-rail (slowest rail's stages) | auto picks | rank ms shared / per-rail / auto | verified | up/out |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (int servers : {8, 40, 128, 512}) {
+    if (servers > max_servers) break;
+    for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
+      const traffic_matrix t = grid_traffic(workload, servers, trace);
+      if (t.size() == 0) continue;
+      const auto topo = h200_cluster(servers);
+      const scaleout_model net = scaleout_of(topo);
+      const server_matrix m = rail_matrix(t, servers, granule);
+      const double lb_alpha = static_cast<double>(max_line_sum(m)) / net.bandwidth + (servers - 1) * net.alpha_s;
+      struct outcome {
+        double ratio = 0, rank_ms = 0;
+        std::size_t stages = 0;
+        bool per_rail = false;
+        plan whole;
+      };
+      auto run = [&](rail_schedule rails, bool whole) {
+        return with_decomposer("best", {.scaleout = net}, [&](auto dec) {
+          planner<fixed_topology<8>, decltype(dec)> pl(topo, {.granule = granule, .rails = rails}, std::move(dec));
+          outcome o;
+          plan view;
+          pl.make_rank_into(t, 0, view);
+          std::vector<double> ms;
+          for (int rep = 0; rep < 3; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            pl.make_rank_into(t, 0, view);
+            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          }
+          std::sort(ms.begin(), ms.end());
+          o.rank_ms = ms[1];
+          o.ratio = scaleout_time(view, net) / lb_alpha;
+          o.per_rail = view.per_rail();
+          for (int k = 0; k < 8; ++k) {
+            std::size_t n = 0;
+            for (std::size_t st = 0; st < view.stages(); ++st) n += view.weight(st, k) > 0;
+            o.stages = std::max(o.stages, n);
+          }
+          if (whole) o.whole = pl.make(t);
+          return o;
+        });
+      };
+      const bool whole = servers <= 40;
+      const outcome shared = run(rail_schedule::shared, whole), rails = run(rail_schedule::per_rail, whole),
+                    chosen = run(rail_schedule::automatic, false);
+      std::string verified = "-", up = "-";
+      if (whole) {
+        const verify_result v = verify(rails.whole, t);
+        verified = v.ok ? "yes" : "NO: " + v.error;
+        bytes_t inter = 0;
+        for (rank_t i = 0; i < t.rows(); ++i)
+          for (rank_t j = 0; j < t.cols(); ++j)
+            if (i / 8 != j / 8) inter += t(i, j);
+        char b[64];
+        std::snprintf(b, sizeof b, "%.2f (%.2f)", static_cast<double>(rails.whole.scaleup_bytes) / static_cast<double>(inter),
+                      static_cast<double>(shared.whole.scaleup_bytes) / static_cast<double>(inter));
+        up = b;
+      }
+      std::printf("| %s | %d | %.3f (%zu) | %s%.3f%s (%zu) | %s | %.2f / %.2f / %.2f | %s | %s |\n", workload, servers * 8,
+                  shared.ratio, shared.stages, rails.ratio < shared.ratio ? "**" : "", rails.ratio,
+                  rails.ratio < shared.ratio ? "**" : "", rails.stages, chosen.per_rail ? "per-rail" : "shared",
+                  shared.rank_ms, rails.rank_ms, chosen.rank_ms, verified.c_str(), up.c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+
 // An experiment the library's plans cannot express (their stages are server-level permutations,
 // every rail of a server in step): per-rail schedules. Rail r's NICs follow their own stages (each
 // NIC sends to one NIC of its rail and receives from one per stage, so no incast), and the call
@@ -449,13 +536,18 @@ int main(int argc, char** argv) {
   }
   const bool lb_alpha = argc > 1 && std::string(argv[1]) == "--lb-alpha";
   const bool per_rail = argc > 1 && std::string(argv[1]) == "--per-rail";
-  const int flag = lb_alpha || per_rail; // the arguments after the mode's flag
+  const bool rails = argc > 1 && std::string(argv[1]) == "--rails";
+  const int flag = lb_alpha || per_rail || rails; // the arguments after the mode's flag
   const int max_servers = argc > 1 + flag ? std::atoi(argv[1 + flag]) : 512;
   const double bout = scaleout_model{}.bandwidth; // one 400 Gb/s NIC, the default
   std::vector<traffic_matrix> trace;
   if (std::filesystem::exists(megatron)) trace = read_trace(megatron, 32, 1);
   if (lb_alpha) {
     lb_alpha_table(trace, max_servers);
+    return 0;
+  }
+  if (rails) {
+    planned_rails_table(trace, max_servers);
     return 0;
   }
   if (per_rail) {

@@ -1,0 +1,237 @@
+// Per-rail schedules (plan_options::rails): each server pair's bytes on one rail, each rail's
+// matrix decomposed on its own. Plans verified whole and as rank views on many seeded matrices,
+// views equal to the whole plan for their rank, the automatic choice the faster one in the model,
+// and the verifier's per-rail checks able to fail.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "workloads.hpp"
+
+#include <algorithm>
+#include <random>
+
+#include "fasta2a/cost_model.hpp"
+#include "fasta2a/planner.hpp"
+#include "fasta2a/registry.hpp"
+#include "fasta2a/verify.hpp"
+
+using namespace fasta2a;
+
+namespace {
+
+// A seeded matrix of one of a few shapes, zero rows and single entries among them.
+traffic_matrix some_matrix(std::mt19937_64& rng, rank_t n) {
+  const std::uint64_t seed = rng();
+  const bytes_t per_rank = (rng() % 4096 + 1) * 64;
+  switch (rng() % 7) {
+  case 0: return uniform_traffic(n, per_rank, seed);
+  case 1: return zipf_traffic(n, 0.5 + (rng() % 100) / 50.0, per_rank, seed);
+  case 2: return hotspot_traffic(n, 1 + static_cast<rank_t>(rng() % n), 0.7, per_rank, seed);
+  case 3: return lognormal_traffic(n, 1.5, per_rank, seed);
+  case 4: return traffic_matrix::Zero(n, n);
+  case 5: {
+    traffic_matrix m = traffic_matrix::Zero(n, n);
+    m(static_cast<rank_t>(rng() % n), static_cast<rank_t>(rng() % n)) = rng() % 100000 + 1;
+    return m;
+  }
+  default: {
+    traffic_matrix m = zipf_traffic(n, 1.0, per_rank, seed);
+    for (rank_t i = 0; i < n; ++i)
+      if (rng() % 3 == 0) m.row(i).setZero();
+    return m;
+  }
+  }
+}
+
+std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
+  std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> w;
+  for (std::size_t t = 0; t < p.op_stages(); ++t)
+    for (const rank_op& op : p.ops(r, t)) w.push_back({t, {op.kind, p.pieces[op.piece]}});
+  return w;
+}
+
+// Every property a per-rail plan of t must have, whole and as every rank's view.
+template <class Planner>
+void check_per_rail(Planner& pl, const traffic_matrix& t, bool exact) {
+  const plan whole = pl.make(t);
+  const verify_result v = verify(whole, t, {.exact_lower_bound = exact});
+  INFO(v.error);
+  REQUIRE(v.ok);
+  const int S = whole.servers, G = whole.gpus_per_server;
+  // Each pair's bytes on one rail, and the rails' stages are the plan's.
+  if (whole.stages() > 0) {
+    REQUIRE(whole.per_rail());
+    for (std::size_t st = 0; st < whole.stages(); ++st) {
+      bytes_t most = 0;
+      for (int k = 0; k < G; ++k) most = std::max(most, whole.weight(st, k));
+      CHECK(whole.stage_weight[st] == most);
+    }
+  }
+  std::vector<int> rail_of(static_cast<std::size_t>(S) * S, -1);
+  for (const piece& pc : whole.pieces) {
+    if (pc.rail < 0) continue;
+    int& r = rail_of[static_cast<std::size_t>(pc.src / G) * S + pc.dst / G];
+    if (r < 0) r = pc.rail;
+    CHECK(r == pc.rail);
+  }
+  // Rank views: the same stages and the same work as the whole plan, and they verify.
+  plan view;
+  for (rank_t r = 0; r < S * G; ++r) {
+    pl.make_rank_into(t, r, view);
+    CHECK(view.rail_weight == whole.rail_weight);
+    CHECK(view.rail_perm == whole.rail_perm);
+    CHECK(view.stage_weight == whole.stage_weight);
+    CHECK(view.staging_bytes == whole.staging_bytes);
+    CHECK(rank_work(view, r) == rank_work(whole, r));
+    const verify_result vr = verify_rank_view(view, t);
+    INFO(vr.error);
+    CHECK(vr.ok);
+  }
+  // Planning again gives the same plan.
+  const plan again = pl.make(t);
+  CHECK(again.pieces == whole.pieces);
+  CHECK(again.rail_perm == whole.rail_perm);
+}
+
+} // namespace
+
+TEST_CASE("per_rail.plans_verify_and_views_match_on_random_matrices") {
+  std::mt19937_64 rng(20261204);
+  for (int iter = 0; iter < 160; ++iter) {
+    const int S = 2 + static_cast<int>(rng() % 9), G = 2 + static_cast<int>(rng() % 5);
+    const traffic_matrix t = some_matrix(rng, S * G);
+    const two_tier_topology topo(S, G);
+    CAPTURE(iter);
+    CAPTURE(S);
+    CAPTURE(G);
+    plan_options opt{.rails = rail_schedule::per_rail};
+    if (iter % 3 == 1) opt.staging_budget = staging_budget_for(largest_buffer(t), 0.1, opt);
+    planner<two_tier_topology, birkhoff_decomposer> exact(topo, opt);
+    check_per_rail(exact, t, true);
+    if (iter % 4 == 0) {
+      planner<two_tier_topology, slack_decomposer> slack(topo, opt);
+      check_per_rail(slack, t, true);
+      with_decomposer("best", {.scaleout = scaleout_of(topo)}, [&](auto dec) {
+        planner<two_tier_topology, decltype(dec)> best(topo, opt, std::move(dec));
+        check_per_rail(best, t, false);
+      });
+    }
+  }
+}
+
+TEST_CASE("per_rail.fixed_topology_of_8_rails_on_tiled_megatron_and_zipf") {
+  // The specialised 8-GPU planner (phase 1's 8-rail search) with per-rail capacities.
+  std::mt19937_64 rng(88);
+  for (int iter = 0; iter < 12; ++iter) {
+    const int S = 3 + static_cast<int>(rng() % 10);
+    const traffic_matrix t = iter % 2 == 0 ? zipf_traffic(S * 8, 1.0, 64 << 20, rng())
+                                           : hotspot_traffic(S * 8, 1 + static_cast<rank_t>(rng() % 8), 0.5, 16 << 20, rng());
+    CAPTURE(iter);
+    planner<fixed_topology<8>, birkhoff_decomposer> pl(h200_cluster(S), {.rails = rail_schedule::per_rail});
+    check_per_rail(pl, t, true);
+  }
+}
+
+TEST_CASE("per_rail.automatic_keeps_what_the_model_predicts_faster") {
+  // At 40 servers per-rail schedules need far fewer stages than S - 1 and win in the model; at 4
+  // servers of uniform traffic the shared stages do. Either way the automatic plan is the faster
+  // of the two, and says so.
+  int per_rail_won = 0, shared_won = 0;
+  for (const int S : {4, 6, 24, 40}) {
+    const auto topo = h200_cluster(S);
+    const scaleout_model net = scaleout_of(topo);
+    for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+      const traffic_matrix t = S <= 6 ? uniform_traffic(S * 8, 64 << 20, seed) : zipf_traffic(S * 8, 1.0, 64 << 20, seed);
+      CAPTURE(S);
+      CAPTURE(seed);
+      auto make = [&](rail_schedule r) {
+        return with_decomposer("best", {.scaleout = net}, [&](auto dec) {
+          return planner<fixed_topology<8>, decltype(dec)>(topo, {.rails = r}, std::move(dec)).make(t);
+        });
+      };
+      const plan shared = make(rail_schedule::shared), rails = make(rail_schedule::per_rail),
+                 chosen = make(rail_schedule::automatic);
+      CHECK_FALSE(shared.per_rail());
+      CHECK(rails.per_rail());
+      const double a = scaleout_time(shared, net), b = scaleout_time(rails, net);
+      CHECK(scaleout_time(chosen, net) == doctest::Approx(std::min(a, b)));
+      CHECK(chosen.per_rail() == (b < a));
+      CHECK(chosen.choice.find(b < a ? "per-rail is faster" : "shared is faster") != std::string::npos);
+      (b < a ? per_rail_won : shared_won) += 1;
+      const verify_result v = verify(chosen, t);
+      INFO(v.error);
+      CHECK(v.ok);
+      if (S == 40) { // far fewer stages on the slowest rail than any shared schedule can have
+        std::size_t most = 0;
+        for (int k = 0; k < 8; ++k) {
+          std::size_t n = 0;
+          for (std::size_t st = 0; st < rails.stages(); ++st) n += rails.weight(st, k) > 0;
+          most = std::max(most, n);
+        }
+        CHECK(most < static_cast<std::size_t>(S - 1));
+        CHECK(b < a);
+      }
+    }
+  }
+  CHECK(per_rail_won > 0);
+  CHECK(shared_won > 0);
+}
+
+TEST_CASE("per_rail.the_verifier_finds_broken_per_rail_plans") {
+  const auto topo = two_tier_topology(6, 4);
+  const traffic_matrix t = zipf_traffic(24, 1.0, 1 << 20, 5);
+  const plan good = planner<two_tier_topology, birkhoff_decomposer>(topo, {.rails = rail_schedule::per_rail}).make(t);
+  REQUIRE(verify(good, t).ok);
+  REQUIRE(good.per_rail());
+  auto broken = [&](const char* what, auto&& change) {
+    plan p = good;
+    change(p);
+    const verify_result v = verify(p, t);
+    const std::string said = std::string(what) + " in: " + v.error;
+    INFO(said);
+    CHECK_FALSE(v.ok);
+    CHECK(v.error.find(what) != std::string::npos);
+  };
+  const std::size_t T = good.stages();
+  const int S = 6, G = 4;
+  // An inter-server piece and its rail.
+  std::size_t inter = 0;
+  while (good.pieces[inter].rail < 0) ++inter;
+  const piece pc = good.pieces[inter];
+  broken("sends to", [&](plan& p) { // its rail's permutation no longer sends its server there
+    p.rail_perm[(static_cast<std::size_t>(pc.stage) * G + pc.rail) * S + pc.src / G] = -1;
+  });
+  broken("weight is", [&](plan& p) { // the stage's weight still its heaviest rail's
+    p.rail_weight[static_cast<std::size_t>(pc.rail) * T + pc.stage] = 1;
+    bytes_t most = 0;
+    for (int k = 0; k < G; ++k) most = std::max(most, p.weight(pc.stage, k));
+    p.stage_weight[pc.stage] = most;
+  });
+  broken("heaviest rail", [&](plan& p) { p.stage_weight[0] += 1; });
+  broken("server-level permutation", [&](plan& p) { p.stage_perm[0] = 1; });
+  broken("do not match", [&](plan& p) { p.rail_perm.pop_back(); });
+  broken("receives from two", [&](plan& p) { // two senders to one server on one rail
+    std::int32_t* perm = p.rail_perm.data() + (static_cast<std::size_t>(pc.stage) * G + pc.rail) * S;
+    const int s = pc.src / G, other = (s + 1) % S == perm[s] ? (s + 2) % S : (s + 1) % S;
+    perm[other] = perm[s];
+  });
+  broken("rides 2 rails", [&](plan& p) { // a piece moved to another rail, its stage following
+    piece& q = p.pieces[inter];
+    const int k = (q.rail + 1) % G;
+    // Its staging slots and the plan's scale-up count as the new route needs (checked first).
+    q.stage_out = q.src / G * G + k == q.src ? no_staging : 0;
+    q.stage_in = q.dst / G * G + k == q.dst ? no_staging : 0;
+    const int before = (q.src % G != q.rail) + (q.dst % G != q.rail), after = (q.src % G != k) + (q.dst % G != k);
+    p.scaleup_bytes = p.scaleup_bytes - static_cast<bytes_t>(before) * q.bytes + static_cast<bytes_t>(after) * q.bytes;
+    for (std::size_t st = 0; st < T; ++st)
+      if (p.rail_perm[(st * G + k) * S + q.src / G] == q.dst / G) {
+        q.rail = k;
+        q.stage = static_cast<std::int32_t>(st);
+        return;
+      }
+    // No stage of rail k sends there: open one in the lightest stage of rail k where both are free.
+    q.rail = k;
+    q.stage = 0;
+    p.rail_perm[(0 * G + k) * S + q.src / G] = q.dst / G;
+  });
+}
