@@ -138,7 +138,9 @@ TEST_CASE("engine.host.per_rail_plans_move_every_byte_with_rails_on_their_own_st
   // (rails with different stage counts), with the default staging budget (shared slots, each
   // rail's stages cut apart) and without one; every byte checked.
   std::mt19937_64 rng(4242);
-  for (const auto& [S, G] : {std::pair{6, 3}, std::pair{5, 4}}) {
+  for (const auto& shape : {std::pair{6, 3}, std::pair{5, 4}}) {
+    // not a structured binding: clang 14 cannot capture one in CAPTURE's lambda
+    const int S = shape.first, G = shape.second;
     const two_tier_topology topo(S, G);
     std::vector<traffic_matrix> calls;
     for (int k = 0; k < 3; ++k) calls.push_back(skewed(S * G, rng, 1));

@@ -8,8 +8,9 @@
 //        bench_stages --per-rail [max_servers] [alpha_us]  an experiment: per-rail schedules (each
 //                                rail its own stages) in the model, against LB_alpha and FAST's best
 //                                (alpha 10 us unless given)
-//        bench_stages --rails [max_servers]  the library's per-rail plans (plan_options::rails) on
-//                                --lb-alpha's grid: planned by `best` as rank 0's part, their scale-out
+//        bench_stages --rails [max_servers] [decomposer]  the library's per-rail plans
+//                                (plan_options::rails) on --lb-alpha's grid: planned by the decomposer
+//                                (default best) as rank 0's part, their scale-out
 //                                model over LB_alpha beside the shared plan's, the slowest rail's
 //                                stages, a rank's synthesis time, and (up to 320 GPUs) whole plans
 //                                verified, with their scale-up bytes per inter-server byte
@@ -352,12 +353,13 @@ per_rail_outcome per_rail_schedule(const traffic_matrix& t, int servers, int chu
 // schedules, the slowest rail's stages, and a rank's synthesis time (median of 3 after a warm-up).
 // Up to 40 servers the whole per-rail plan is also made and verified, and its scale-up bytes per
 // inter-server byte reported.
-void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_servers) {
+void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_servers, const std::string& decomposer) {
   const bytes_t granule = 8192;
   std::printf("# the library's plans (plan_options::rails), scale-out phase in the alpha-beta MODEL (alpha 10 us, 50 GB/s),\n"
               "# 64 MiB per GPU: scaleout_time / LB_alpha (LB_alpha = LB_out + (S - 1) alpha); stages: shared plan's, and the\n"
               "# slowest rail's of the per-rail plan; rank ms: planning rank 0's part (median of 3); verified: the whole\n"
-              "# per-rail plan (up to 320 GPUs); up/out: its scale-up bytes per inter-server byte (shared plan's in brackets)\n");
+              "# per-rail plan (up to 320 GPUs); up/out: its scale-up bytes per inter-server byte (shared plan's in brackets)\n"
+              "# decomposer: %s\n", decomposer.c_str());
   std::printf("| workload | GPUs | shared (stages) | per-rail (slowest rail's stages) | auto picks | rank ms shared / per-rail / auto | verified | up/out |\n"
               "|---|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
@@ -376,7 +378,7 @@ void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_serve
         plan whole;
       };
       auto run = [&](rail_schedule rails, bool whole) {
-        return with_decomposer("best", {.scaleout = net}, [&](auto dec) {
+        return with_decomposer(decomposer, {.scaleout = net}, [&](auto dec) {
           planner<fixed_topology<8>, decltype(dec)> pl(topo, {.granule = granule, .rails = rails}, std::move(dec));
           outcome o;
           plan view;
@@ -547,7 +549,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (rails) {
-    planned_rails_table(trace, max_servers);
+    planned_rails_table(trace, max_servers, argc > 3 ? argv[3] : "best");
     return 0;
   }
   if (per_rail) {
