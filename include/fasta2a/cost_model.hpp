@@ -148,6 +148,19 @@ inline double scaleout_time(const plan& p, const scaleout_model& net) {
   return most;
 }
 
+/// What plan_options::rails = rail_schedule::automatic compares (the planner computes the same from
+/// its stage lists): the scale-out phase (scaleout_time) plus the scale-up work at its two ends that
+/// no stage hides, estimated as gather_time of the heaviest stage's rail bytes twice (the first
+/// balance and the last redistribution). Per-rail plans gather whole server pairs onto one rail, so
+/// their ends weigh more per stage than FAST's, which keeps most bytes on their own rails: the
+/// estimate takes both at their worst, every byte of the stage gathered.
+template <Topology Topo>
+double rails_choice_time(const Topo& topo, const plan& p, const scaleout_model& net) {
+  bytes_t heaviest = 0;
+  for (bytes_t w : p.stage_weight) heaviest = std::max(heaviest, w); // per-rail: each stage's heaviest rail
+  return scaleout_time(p, net) + 2 * gather_time(topo, heaviest);
+}
+
 namespace detail {
 
 struct port_load {
@@ -512,8 +525,21 @@ prediction predict(const Topo& topo, const plan& p, cost_params cp = {}, bool ti
     now += len;
   }
   // Rails that switch on their own (per-rail plans): each rail's stages, the slowest rail's. The
-  // step-synchronous total above keeps every rail in step, each step as long as its heaviest rail.
-  if (p.per_rail()) pr.scaleout_s = scaleout_time(p, net);
+  // steps above keep every rail in step, each step as long as its heaviest rail; here each rail
+  // runs its own steps instead, each as long as its own stage or the step's scale-up work (the
+  // busiest port of any rail: scale-up ports serve every rail), whichever is longer.
+  if (p.per_rail()) {
+    pr.scaleout_s = scaleout_time(p, net);
+    now = 0;
+    for (int k = 0; k < p.gpus_per_server; ++k) {
+      double mine = 0;
+      for (std::size_t j = 0; j < steps; ++j) {
+        const bytes_t w = j >= 1 && j <= T ? p.weight(j - 1, k) : 0;
+        mine += std::max(w > 0 ? net.stage_time(w) : 0.0, up[j]);
+      }
+      now = std::max(now, mine);
+    }
+  }
   pr.total_s = std::max(now, pr.scaleup_s);
   if (cp.rail_window > 0) pr.pipelined_s = detail::pipelined_time(topo, p, net, cp.rail_window);
   if (timeline) {

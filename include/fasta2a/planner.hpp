@@ -533,37 +533,28 @@ private:
     for (bytes_t x : stages_.weights) heaviest = std::max(heaviest, x);
     w = std::min(w, heaviest);
     if (rails_) { // each rail's stages cut apart, then aligned again
-      for (stage_list& list : rail_stages_) {
-        split_.reset(list.servers);
-        split_.max_bytes = list.max_bytes;
-        split_.extra_bytes_per_stage = list.extra_bytes_per_stage;
-        for (std::size_t t = 0; t < list.size(); ++t)
-          for (bytes_t left = list.weights[t]; left > 0;) {
-            const bytes_t x = std::min(left, w);
-            split_.add(x, list.perm(t));
-            left -= x;
-          }
-        std::swap(list, split_);
-      }
+      for (stage_list& list : rail_stages_) cut_into_slots(list, w);
       combine_rails();
-      ring_ = static_cast<std::uint32_t>(std::min<std::size_t>(K, stages_.size()));
-      slot_ = w;
-      for (bytes_t& b : p.staging_bytes) b = b == 0 ? 0 : 2 * static_cast<bytes_t>(ring_) * w;
-      return;
+    } else {
+      cut_into_slots(stages_, w);
     }
-    split_.reset(stages_.servers);
-    split_.max_bytes = stages_.max_bytes;
-    split_.extra_bytes_per_stage = stages_.extra_bytes_per_stage;
-    for (std::size_t t = 0; t < stages_.size(); ++t)
-      for (bytes_t left = stages_.weights[t]; left > 0;) {
-        const bytes_t x = std::min(left, w);
-        split_.add(x, stages_.perm(t));
-        left -= x;
-      }
-    std::swap(stages_, split_);
     ring_ = static_cast<std::uint32_t>(std::min<std::size_t>(K, stages_.size()));
     slot_ = w;
     for (bytes_t& b : p.staging_bytes) b = b == 0 ? 0 : 2 * static_cast<bytes_t>(ring_) * w; // 0: stages nothing
+  }
+
+  // Every stage of `list` heavier than w cut into stages of w (the last one smaller), in order.
+  void cut_into_slots(stage_list& list, bytes_t w) {
+    split_.reset(list.servers);
+    split_.max_bytes = list.max_bytes;
+    split_.extra_bytes_per_stage = list.extra_bytes_per_stage;
+    for (std::size_t t = 0; t < list.size(); ++t)
+      for (bytes_t left = list.weights[t]; left > 0;) {
+        const bytes_t x = std::min(left, w);
+        split_.add(x, list.perm(t));
+        left -= x;
+      }
+    std::swap(list, split_);
   }
 
   // The model the direct fallback compares in: the topology's, at the option's alpha.
@@ -670,7 +661,20 @@ private:
     }
     p.decomposer = chosen.empty() ? D::name : chosen;
     const scaleout_model net = scaleout_of(topo_);
-    const double mine = rails_time(net);
+    // Compared as cost_model.hpp's rails_choice_time: the scale-out phase and the two ends' scale-up
+    // work no stage hides (per-rail plans gather whole pairs onto a rail, so theirs weigh more).
+    auto ends = [&](const std::vector<bytes_t>& weights) {
+      bytes_t heaviest = 0;
+      for (bytes_t w : weights) heaviest = std::max(heaviest, w);
+      return 2 * gather_time(topo_, heaviest);
+    };
+    const double mine_out = rails_time(net);
+    double mine = mine_out;
+    {
+      double e = 0;
+      for (const stage_list& list : rail_stages_) e = std::max(e, ends(list.weights));
+      mine += e;
+    }
     std::size_t most = 0;
     for (const stage_list& list : rail_stages_) most = std::max(most, list.size());
     auto ms = [](double sec) {
@@ -678,7 +682,7 @@ private:
       std::snprintf(b, sizeof b, "%.4g ms", sec * 1e3);
       return std::string(b);
     };
-    p.choice = "per-rail schedules, slowest rail " + ms(mine) + " in " + std::to_string(most) + " stages";
+    p.choice = "per-rail schedules, slowest rail " + ms(mine_out) + " in " + std::to_string(most) + " stages";
     if (opt_.rails == rail_schedule::per_rail) return true;
     // Automatic: the shared stages of the same matrix (phase 1's M depends on each pair's total only).
     m_.setZero(S, S);
@@ -686,9 +690,10 @@ private:
     dec_.decompose(m_, stages_);
     std::string shared_name = D::name;
     if constexpr (requires { dec_.chosen(); }) shared_name = dec_.chosen();
-    const double theirs = net.stages_time(stages_.weights);
-    const std::string why = p.choice + " vs shared " + shared_name + " " + std::to_string(stages_.size()) +
-                            " stages " + ms(theirs) + " (scale-out model)";
+    const double theirs_out = net.stages_time(stages_.weights), theirs = theirs_out + ends(stages_.weights);
+    const std::string why = p.choice + ", " + ms(mine) + " with its ends' scale-up; shared " + shared_name + " " +
+                            std::to_string(stages_.size()) + " stages " + ms(theirs_out) + ", " + ms(theirs) +
+                            " with its ends' (scale-out model)";
     if (mine < theirs) {
       p.choice = why + ": per-rail is faster";
       return true;

@@ -191,6 +191,20 @@ template <class T>
   requires requires { T::static_gpus; }
 inline constexpr int static_gpus_v<T> = T::static_gpus;
 
+/// The time for one GPU to gather `bytes` that start spread evenly over its server's G GPUs (its
+/// own share needs no hop), or to scatter them again, over scale-up: through its one port on a
+/// switch, over its G - 1 links to the others in a mesh. An estimate of the scale-up work a staged
+/// plan cannot hide under its rail stages: the first stage's balance and the last stage's
+/// redistribution, each at most one stage's rail bytes into or out of a rail GPU.
+template <Topology Topo>
+double gather_time(const Topo& topo, bytes_t bytes) {
+  const int G = topo.gpus_per_server();
+  if (G <= 1 || bytes == 0) return 0;
+  const double b = static_cast<double>(bytes);
+  return topo.scaleup() == scaleup_kind::mesh ? b / G / topo.scaleup_bandwidth()
+                                              : b * (G - 1) / G / topo.scaleup_bandwidth();
+}
+
 static_assert(Topology<two_tier_topology>);
 static_assert(Topology<fixed_topology<8>>);
 
