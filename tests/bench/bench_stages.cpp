@@ -360,10 +360,11 @@ void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_serve
               "# slowest rail's of the per-rail plan; rank ms: planning rank 0's part (median of 3); verified: the whole\n"
               "# per-rail plan (up to 320 GPUs); up/out: its scale-up bytes per inter-server byte (shared plan's in brackets);\n"
               "# with ends: rails_choice_time / LB_alpha, the scale-out phase plus the first balance and last redistribution\n"
-              "# no stage hides (estimated), what rail_schedule::automatic compares\n"
+              "# no stage hides (estimated), what rail_schedule::automatic compares; whole plan's total: predict's\n"
+              "# step-synchronous total (scale-up and scale-out) over LB_alpha, up to 320 GPUs\n"
               "# decomposer: %s\n", decomposer.c_str());
-  std::printf("| workload | GPUs | shared (stages) | per-rail (slowest rail's stages) | with ends: shared / per-rail | auto picks | rank ms shared / per-rail / auto | verified | up/out |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| workload | GPUs | shared (stages) | per-rail (slowest rail's stages) | with ends: shared / per-rail | auto picks | rank ms shared / per-rail / auto | verified | up/out | whole plan's total: shared / per-rail |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   for (int servers : {8, 40, 128, 512}) {
     if (servers > max_servers) break;
     for (const char* workload : {"zipf(0.8)", "zipf(1.0)", "zipf(1.2)", "hotspot", "megatron (tiled)"}) {
@@ -408,8 +409,12 @@ void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_serve
       const bool whole = servers <= 40;
       const outcome shared = run(rail_schedule::shared, whole), rails = run(rail_schedule::per_rail, whole),
                     chosen = run(rail_schedule::automatic, false);
-      std::string verified = "-", up = "-";
+      std::string verified = "-", up = "-", total = "-";
       if (whole) {
+        char tb[64]; // the whole plans' step-synchronous totals (scale-up and scale-out, predict) over LB_alpha
+        std::snprintf(tb, sizeof tb, "%.3f / %.3f", predict(topo, shared.whole).total_s / lb_alpha,
+                      predict(topo, rails.whole).total_s / lb_alpha);
+        total = tb;
         const verify_result v = verify(rails.whole, t);
         verified = v.ok ? "yes" : "NO: " + v.error;
         bytes_t inter = 0;
@@ -421,11 +426,11 @@ void planned_rails_table(const std::vector<traffic_matrix>& trace, int max_serve
                       static_cast<double>(shared.whole.scaleup_bytes) / static_cast<double>(inter));
         up = b;
       }
-      std::printf("| %s | %d | %.3f (%zu) | %s%.3f%s (%zu) | %.3f / %.3f | %s | %.2f / %.2f / %.2f | %s | %s |\n", workload,
+      std::printf("| %s | %d | %.3f (%zu) | %s%.3f%s (%zu) | %.3f / %.3f | %s | %.2f / %.2f / %.2f | %s | %s | %s |\n", workload,
                   servers * 8, shared.ratio, shared.stages, rails.ratio < shared.ratio ? "**" : "", rails.ratio,
                   rails.ratio < shared.ratio ? "**" : "", rails.stages, shared.ends, rails.ends,
                   chosen.per_rail ? "per-rail" : "shared",
-                  shared.rank_ms, rails.rank_ms, chosen.rank_ms, verified.c_str(), up.c_str());
+                  shared.rank_ms, rails.rank_ms, chosen.rank_ms, verified.c_str(), up.c_str(), total.c_str());
       std::fflush(stdout);
     }
   }
