@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fasta2a/common.hpp"
@@ -215,6 +216,43 @@ template <class D> long double planner_scratch_bytes(int servers, int gpus, bool
          (whole_plan ? pairs * G * 24.0L : 2.0L * S * G * 24.0L + n * 16.0L) + n * 40.0L +
          (whole_plan ? n * n * 8.0L : 0.0L);
 }
+
+namespace detail {
+
+/// Sorts `items` (indices into `value`, below `range`, in increasing order) by value, largest
+/// first, equal values keeping their order: as std::stable_sort would, by a least-significant-
+/// digit radix sort of (largest - value, index) keys where both fit 64 bits together.
+inline void sort_by_value_desc(std::vector<std::uint32_t>& items, const std::vector<bytes_t>& value, std::size_t range,
+                               std::vector<std::uint64_t>& keys, std::vector<std::uint64_t>& tmp,
+                               std::vector<std::size_t>& count) {
+  bytes_t lo = ~bytes_t{0}, hi = 0;
+  for (std::uint32_t i : items) lo = std::min(lo, value[i]), hi = std::max(hi, value[i]);
+  int value_bits = 0, index_bits = 0;
+  while (value_bits < 64 && ((hi - lo) >> value_bits) != 0) ++value_bits;
+  while (index_bits < 64 && (range >> index_bits) != 0) ++index_bits;
+  if (items.size() < 1024 || value_bits + index_bits > 64) { // small, or the keys do not fit 64 bits
+    std::stable_sort(items.begin(), items.end(), [&](std::uint32_t a, std::uint32_t b) { return value[a] > value[b]; });
+    return;
+  }
+  keys.resize(items.size());
+  tmp.resize(items.size());
+  for (std::size_t j = 0; j < items.size(); ++j)
+    keys[j] = (value_bits == 0 ? 0 : static_cast<std::uint64_t>(hi - value[items[j]]) << index_bits) | items[j];
+  constexpr int digit = 11;
+  constexpr std::size_t buckets = std::size_t{1} << digit;
+  for (int shift = index_bits; shift < index_bits + value_bits; shift += digit) {
+    count.assign(buckets, 0);
+    for (const std::uint64_t k : keys) ++count[(k >> shift) & (buckets - 1)];
+    std::size_t at = 0;
+    for (std::size_t& c : count) at += std::exchange(c, at);
+    for (const std::uint64_t k : keys) tmp[count[(k >> shift) & (buckets - 1)]++] = k;
+    keys.swap(tmp);
+  }
+  const std::uint64_t mask = index_bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << index_bits) - 1;
+  for (std::size_t j = 0; j < items.size(); ++j) items[j] = static_cast<std::uint32_t>(keys[j] & mask);
+}
+
+} // namespace detail
 
 /// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
 /// same plan object every iteration: its storage and the planner's scratch are reused.
@@ -423,7 +461,10 @@ private:
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
-        const bytes_t v = block_sum(blk, ld, G, overflow);
+        // Per-rail schedules summed every other pair already (choose_rails): their capacities
+        // need no more of the block, so the matrix is read again only for the diagonal blocks.
+        const bytes_t v = rails_ && !nic && s != d ? pair_bytes_[static_cast<std::size_t>(s) * S + d]
+                                                   : block_sum(blk, ld, G, overflow);
         overflow |= __builtin_add_overflow(total, v, &total);
         if (s == d) continue;
         if (nic) // the busiest NIC under direct sending: each GPU's own inter-server bytes
@@ -597,6 +638,55 @@ private:
     return most;
   }
 
+  // A server pair's bytes (block_sum), and its rails (at most 16) in the order it prefers them
+  // where their loads tie (`pref`, 4 bits a rail, the first in the lowest): by the bytes GPU k
+  // sends or receives in the block (its row and column, the diagonal twice: that needs no hop at
+  // all), most first, then the lower rail.
+  static bytes_t rail_preference(const bytes_t* blk, std::size_t ld, int G, bool& overflow, std::uint64_t& pref) noexcept {
+    if constexpr (static_gpus_v<Topo> > 0) G = static_gpus_v<Topo>;
+    bytes_t own[16], col[16] = {}, v = 0, any = 0; // own: row sums first (rows and columns apart: they vectorise)
+    for (int a = 0; a < G; ++a) {
+      const bytes_t* row = blk + static_cast<std::size_t>(a) * ld;
+      bytes_t sum = 0;
+      for (int b = 0; b < G; ++b) {
+        sum += row[b];
+        col[b] += row[b];
+        any |= row[b];
+      }
+      own[a] = sum;
+      v += sum;
+    }
+    for (int k = 0; k < G; ++k) own[k] += col[k];
+    // Entries below 2^56 cannot wrap a sum of at most 256 of them; past that, block_sum's checked sum.
+    if (any >> 56 != 0) v = block_sum(blk, ld, G, overflow);
+    pref = 0;
+    bytes_t top = 0;
+    for (int k = 0; k < G; ++k) top |= own[k];
+    if (G == 8 && top >> 61 == 0) {
+      // One key a rail, (bytes, 7 - rail), sorted by a network of 19 compare-exchanges without
+      // the branches that data-dependent comparisons mispredict (as rail_capacities).
+      bytes_t key[8];
+      for (int k = 0; k < 8; ++k) key[k] = own[k] << 3 | static_cast<bytes_t>(7 - k);
+      auto cx = [&](int a, int b) FASTA2A_INLINE { // afterwards the larger key comes first
+        const bytes_t ka = key[a], kb = key[b];
+        const bytes_t hi = ka > kb ? ka : kb;
+        key[a] = hi, key[b] = ka ^ kb ^ hi;
+      };
+      cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7), cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7), cx(1, 2), cx(5, 6);
+      cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7), cx(2, 4), cx(3, 5), cx(1, 2), cx(3, 4), cx(5, 6);
+      for (int i = 0; i < 8; ++i) pref |= static_cast<std::uint64_t>(7 - (key[i] & 7)) << (4 * i);
+      return v;
+    }
+    int r[16]; // insertion sort: most bytes first, ties in rail order
+    for (int k = 0; k < G; ++k) {
+      int i = k;
+      for (; i > 0 && own[r[i - 1]] < own[k]; --i) r[i] = r[i - 1];
+      r[i] = k;
+    }
+    for (int i = 0; i < G; ++i) pref |= static_cast<std::uint64_t>(r[i]) << (4 * i);
+    return v;
+  }
+
   // Per-rail schedules (plan_options::rails): assigns every server pair to a rail, decomposes each
   // rail's matrix with the planner's decomposer, and, for rail_schedule::automatic, also the shared
   // stages (into stages_), keeping whichever the topology's scale-out model predicts faster. Returns
@@ -606,39 +696,61 @@ private:
     const std::size_t SS = static_cast<std::size_t>(S) * S, ld = static_cast<std::size_t>(t.outerStride());
     pair_bytes_.assign(SS, 0);
     order_.clear();
+    // One pass over the matrix in memory order: each pair's bytes and, up to 16 rails, the order
+    // in which the pair prefers its rails where their loads tie (below): the rail whose GPU sends
+    // or receives most of the pair first. The assignment then visits pairs largest first, which
+    // is no order of the matrix's memory: it reads 8 bytes a pair there instead of its block.
+    const bool packed = G <= 16;
+    if (packed) rail_pref_.assign(SS, 0);
     bool overflow = false;
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         if (s == d) continue;
         const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
-        const bytes_t v = block_sum(blk, ld, G, overflow);
-        pair_bytes_[static_cast<std::size_t>(s) * S + d] = v;
-        if (v > 0) order_.push_back(static_cast<std::uint32_t>(static_cast<std::size_t>(s) * S + d));
+        const std::size_t pr = static_cast<std::size_t>(s) * S + d;
+        const bytes_t v = packed ? rail_preference(blk, ld, G, overflow, rail_pref_[pr]) : block_sum(blk, ld, G, overflow);
+        pair_bytes_[pr] = v;
+        if (v > 0) order_.push_back(static_cast<std::uint32_t>(pr));
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
-    std::stable_sort(order_.begin(), order_.end(),
-                     [&](std::uint32_t a, std::uint32_t b) { return pair_bytes_[a] > pair_bytes_[b]; });
+    detail::sort_by_value_desc(order_, pair_bytes_, SS, sort_keys_, sort_tmp_, sort_count_);
     // Largest pairs first, each on the rail where the larger of its servers' loads grows least;
-    // among those, the rail whose GPU sends or receives most of the pair (fewest scale-up hops).
+    // among those, the rail whose GPU sends or receives most of the pair (fewest scale-up hops),
+    // then the lowest rail.
     rail_of_.assign(SS, 0);
-    load_out_.assign(static_cast<std::size_t>(G) * S, 0);
+    load_out_.assign(static_cast<std::size_t>(G) * S, 0); // server x rail
     load_in_.assign(static_cast<std::size_t>(G) * S, 0);
     for (std::uint32_t pr : order_) {
       const int s = static_cast<int>(pr / S), d = static_cast<int>(pr % S);
       const bytes_t v = pair_bytes_[pr];
-      const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
+      const bytes_t* out = load_out_.data() + static_cast<std::size_t>(s) * G;
+      const bytes_t* in = load_in_.data() + static_cast<std::size_t>(d) * G;
       int best = -1;
-      bytes_t best_top = 0, best_own = 0;
-      for (int k = 0; k < G; ++k) {
-        const bytes_t top = std::max(load_out_[static_cast<std::size_t>(k) * S + s], load_in_[static_cast<std::size_t>(k) * S + d]);
-        if (best >= 0 && top > best_top) continue;
-        bytes_t own = 0; // GPU k's row and column of the block (the diagonal twice: it needs no hop at all)
-        for (int o = 0; o < G; ++o) own += blk[static_cast<std::size_t>(k) * ld + o] + blk[static_cast<std::size_t>(o) * ld + k];
-        if (best < 0 || top < best_top || own > best_own) best = k, best_top = top, best_own = own;
+      if (packed) {
+        bytes_t top[16], least = ~bytes_t{0};
+        for (int k = 0; k < G; ++k) {
+          top[k] = std::max(out[k], in[k]);
+          least = std::min(least, top[k]);
+        }
+        for (std::uint64_t pref = rail_pref_[pr];; pref >>= 4)
+          if (const int k = static_cast<int>(pref & 15); top[k] == least) {
+            best = k;
+            break;
+          }
+      } else {
+        const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
+        bytes_t best_top = 0, best_own = 0;
+        for (int k = 0; k < G; ++k) {
+          const bytes_t top = std::max(out[k], in[k]);
+          if (best >= 0 && top > best_top) continue;
+          bytes_t own = 0; // GPU k's row and column of the block (the diagonal twice: it needs no hop at all)
+          for (int o = 0; o < G; ++o) own += blk[static_cast<std::size_t>(k) * ld + o] + blk[static_cast<std::size_t>(o) * ld + k];
+          if (best < 0 || top < best_top || own > best_own) best = k, best_top = top, best_own = own;
+        }
       }
       rail_of_[pr] = static_cast<std::uint32_t>(best);
-      load_out_[static_cast<std::size_t>(best) * S + s] += v;
-      load_in_[static_cast<std::size_t>(best) * S + d] += v;
+      load_out_[static_cast<std::size_t>(s) * G + best] += v;
+      load_in_[static_cast<std::size_t>(d) * G + best] += v;
     }
     rail_m_.resize(static_cast<std::size_t>(G));
     rail_stages_.resize(static_cast<std::size_t>(G));
@@ -1311,6 +1423,9 @@ private:
   std::vector<std::uint32_t> rail_of_;
   std::vector<bytes_t> pair_bytes_, load_out_, load_in_, rail_weight_;
   std::vector<std::uint32_t> order_, rank_order_;
+  std::vector<std::uint64_t> sort_keys_, sort_tmp_;
+  std::vector<std::uint64_t> rail_pref_; // per pair: its rails in order of preference (choose_rails)
+  std::vector<std::size_t> sort_count_;
   std::vector<server_matrix> rail_m_;
   std::vector<stage_list> rail_stages_;
   std::vector<std::int32_t> rail_perm_, neg_;
