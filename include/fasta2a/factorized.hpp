@@ -633,14 +633,24 @@ private:
     }
     for (int c = 0; c < k_; ++c) w_[c] = len_[c] > 0 ? sorted_[static_cast<std::size_t>(c) * n].value : 0;
   }
+  // Stage c's order again after swap_cycle: only the rows of the swapped component (cyc_, stamped
+  // with epoch_) changed, so the other entries keep their order and the component's new ones,
+  // sorted, are merged in: the same order a sort of the whole stage gives (rows are distinct).
   void sort_stage(int c) {
     ranked* st = sorted_.data() + static_cast<std::size_t>(c) * n_;
-    int len = 0;
-    for (int s = 0; s < n_; ++s)
-      if (rc(s, c) != none) st[len++] = {rv(s, c), s};
-    std::sort(st, st + len, [](const ranked& x, const ranked& y) {
+    auto before = [](const ranked& x, const ranked& y) {
       return x.value != y.value ? x.value > y.value : x.row < y.row;
-    });
+    };
+    int kept = 0;
+    for (int i = 0; i < len_[c]; ++i)
+      if (stamp_[st[i].row] != epoch_) st[kept++] = st[i];
+    fresh_.clear();
+    for (int r : cyc_)
+      if (rc(r, c) != none) fresh_.push_back({rv(r, c), r});
+    std::sort(fresh_.begin(), fresh_.end(), before);
+    const int len = kept + static_cast<int>(fresh_.size());
+    for (int i = kept - 1, j = static_cast<int>(fresh_.size()) - 1, at = len - 1; j >= 0; --at)
+      st[at] = i >= 0 && before(fresh_[static_cast<std::size_t>(j)], st[i]) ? st[i--] : fresh_[static_cast<std::size_t>(j--)];
     len_[c] = len;
     w_[c] = len > 0 ? st[0].value : 0;
   }
@@ -765,7 +775,7 @@ private:
   std::vector<std::uint64_t> row_free_, col_free_;
   std::vector<bytes_t> w_, rv_;
   std::vector<hop> path_;
-  std::vector<ranked> sorted_, tops_;
+  std::vector<ranked> sorted_, tops_, fresh_;
   std::vector<std::uint32_t> stamp_;
   std::vector<long long> changed_, scanned_;
   std::vector<std::int32_t> perm_;

@@ -219,37 +219,39 @@ template <class D> long double planner_scratch_bytes(int servers, int gpus, bool
 
 namespace detail {
 
-/// Sorts `items` (indices into `value`, below `range`, in increasing order) by value, largest
-/// first, equal values keeping their order: as std::stable_sort would, by a least-significant-
-/// digit radix sort of (largest - value, index) keys where both fit 64 bits together.
-inline void sort_by_value_desc(std::vector<std::uint32_t>& items, const std::vector<bytes_t>& value, std::size_t range,
-                               std::vector<std::uint64_t>& keys, std::vector<std::uint64_t>& tmp,
+/// A server pair with its bytes and whatever the caller carries along (planner::choose_rails: the
+/// order in which the pair prefers its rails).
+struct valued_pair {
+  bytes_t value;
+  std::uint64_t payload;
+  std::uint32_t pair;
+};
+
+/// Sorts `items` by value, largest first, equal values keeping their order (as std::stable_sort
+/// would): a least-significant-digit radix sort over the bits of (largest - value) that vary,
+/// moving whole items so that the caller then reads them in order, not scattered over its arrays.
+inline void sort_by_value_desc(std::vector<valued_pair>& items, std::vector<valued_pair>& tmp,
                                std::vector<std::size_t>& count) {
   bytes_t lo = ~bytes_t{0}, hi = 0;
-  for (std::uint32_t i : items) lo = std::min(lo, value[i]), hi = std::max(hi, value[i]);
-  int value_bits = 0, index_bits = 0;
+  for (const valued_pair& x : items) lo = std::min(lo, x.value), hi = std::max(hi, x.value);
+  int value_bits = 0;
   while (value_bits < 64 && ((hi - lo) >> value_bits) != 0) ++value_bits;
-  while (index_bits < 64 && (range >> index_bits) != 0) ++index_bits;
-  if (items.size() < 1024 || value_bits + index_bits > 64) { // small, or the keys do not fit 64 bits
-    std::stable_sort(items.begin(), items.end(), [&](std::uint32_t a, std::uint32_t b) { return value[a] > value[b]; });
+  if (items.size() < 1024 || value_bits > 44) { // small, or more than four passes
+    std::stable_sort(items.begin(), items.end(),
+                     [](const valued_pair& a, const valued_pair& b) { return a.value > b.value; });
     return;
   }
-  keys.resize(items.size());
-  tmp.resize(items.size());
-  for (std::size_t j = 0; j < items.size(); ++j)
-    keys[j] = (value_bits == 0 ? 0 : static_cast<std::uint64_t>(hi - value[items[j]]) << index_bits) | items[j];
   constexpr int digit = 11;
   constexpr std::size_t buckets = std::size_t{1} << digit;
-  for (int shift = index_bits; shift < index_bits + value_bits; shift += digit) {
+  tmp.resize(items.size());
+  for (int shift = 0; shift < value_bits; shift += digit) {
     count.assign(buckets, 0);
-    for (const std::uint64_t k : keys) ++count[(k >> shift) & (buckets - 1)];
+    for (const valued_pair& x : items) ++count[((hi - x.value) >> shift) & (buckets - 1)];
     std::size_t at = 0;
     for (std::size_t& c : count) at += std::exchange(c, at);
-    for (const std::uint64_t k : keys) tmp[count[(k >> shift) & (buckets - 1)]++] = k;
-    keys.swap(tmp);
+    for (const valued_pair& x : items) tmp[count[((hi - x.value) >> shift) & (buckets - 1)]++] = x;
+    items.swap(tmp);
   }
-  const std::uint64_t mask = index_bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << index_bits) - 1;
-  for (std::size_t j = 0; j < items.size(); ++j) items[j] = static_cast<std::uint32_t>(keys[j] & mask);
 }
 
 } // namespace detail
@@ -334,7 +336,9 @@ private:
     rail_layout(t, p);
     if (rails_) {
       p.rail_load = 0;
-      for (const server_matrix& mk : rail_m_) p.rail_load = std::max(p.rail_load, max_line_sum(mk));
+      // Each rail matrix's line sums are the rail's loads per server (choose_rails).
+      for (bytes_t x : load_out_) p.rail_load = std::max(p.rail_load, x);
+      for (bytes_t x : load_in_) p.rail_load = std::max(p.rail_load, x);
       combine_rails();
     } else {
       p.rail_load = max_line_sum(m_);
@@ -701,28 +705,31 @@ private:
     // or receives most of the pair first. The assignment then visits pairs largest first, which
     // is no order of the matrix's memory: it reads 8 bytes a pair there instead of its block.
     const bool packed = G <= 16;
-    if (packed) rail_pref_.assign(SS, 0);
     bool overflow = false;
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         if (s == d) continue;
         const bytes_t* blk = t.data() + static_cast<std::size_t>(s * G) * ld + d * G;
         const std::size_t pr = static_cast<std::size_t>(s) * S + d;
-        const bytes_t v = packed ? rail_preference(blk, ld, G, overflow, rail_pref_[pr]) : block_sum(blk, ld, G, overflow);
+        std::uint64_t pref = 0;
+        const bytes_t v = packed ? rail_preference(blk, ld, G, overflow, pref) : block_sum(blk, ld, G, overflow);
         pair_bytes_[pr] = v;
-        if (v > 0) order_.push_back(static_cast<std::uint32_t>(pr));
+        if (v > 0) order_.push_back({v, pref, static_cast<std::uint32_t>(pr)});
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
-    detail::sort_by_value_desc(order_, pair_bytes_, SS, sort_keys_, sort_tmp_, sort_count_);
+    detail::sort_by_value_desc(order_, sort_tmp_, sort_count_);
     // Largest pairs first, each on the rail where the larger of its servers' loads grows least;
     // among those, the rail whose GPU sends or receives most of the pair (fewest scale-up hops),
     // then the lowest rail.
     rail_of_.assign(SS, 0);
     load_out_.assign(static_cast<std::size_t>(G) * S, 0); // server x rail
     load_in_.assign(static_cast<std::size_t>(G) * S, 0);
-    for (std::uint32_t pr : order_) {
+    rail_m_.resize(static_cast<std::size_t>(G));
+    for (server_matrix& mk : rail_m_) mk.setZero(S, S);
+    for (const detail::valued_pair& x : order_) {
+      const std::uint32_t pr = x.pair;
       const int s = static_cast<int>(pr / S), d = static_cast<int>(pr % S);
-      const bytes_t v = pair_bytes_[pr];
+      const bytes_t v = x.value;
       const bytes_t* out = load_out_.data() + static_cast<std::size_t>(s) * G;
       const bytes_t* in = load_in_.data() + static_cast<std::size_t>(d) * G;
       int best = -1;
@@ -732,7 +739,7 @@ private:
           top[k] = std::max(out[k], in[k]);
           least = std::min(least, top[k]);
         }
-        for (std::uint64_t pref = rail_pref_[pr];; pref >>= 4)
+        for (std::uint64_t pref = x.payload;; pref >>= 4)
           if (const int k = static_cast<int>(pref & 15); top[k] == least) {
             best = k;
             break;
@@ -751,11 +758,9 @@ private:
       rail_of_[pr] = static_cast<std::uint32_t>(best);
       load_out_[static_cast<std::size_t>(s) * G + best] += v;
       load_in_[static_cast<std::size_t>(d) * G + best] += v;
+      rail_m_[static_cast<std::size_t>(best)](s, d) = v;
     }
-    rail_m_.resize(static_cast<std::size_t>(G));
     rail_stages_.resize(static_cast<std::size_t>(G));
-    for (server_matrix& mk : rail_m_) mk.setZero(S, S);
-    for (std::uint32_t pr : order_) rail_m_[rail_of_[pr]](pr / S, pr % S) = pair_bytes_[pr];
     // The stage lists' size limits count the rail arrays too (G permutations and weights a stage).
     const std::size_t extra = stages_.extra_bytes_per_stage + static_cast<std::size_t>(G) * (S * 4 + 8);
     std::string chosen;
@@ -797,8 +802,26 @@ private:
     p.choice = "per-rail schedules, slowest rail " + ms(mine_out) + " in " + std::to_string(most) + " stages";
     if (opt_.rails == rail_schedule::per_rail) return true;
     // Automatic: the shared stages of the same matrix (phase 1's M depends on each pair's total only).
+    // No shared schedule of M beats the scale-out model's bound for it: every stage serves at most
+    // one entry of a line, so there are at least as many stages as a line has entries, and their
+    // weights sum to at least the line's sum. Where the per-rail plan, ends and all, is faster than
+    // that, the shared stages are not made (the same choice, without a second decomposition).
     m_.setZero(S, S);
-    for (std::uint32_t pr : order_) m_(pr / S, pr % S) = per_rail_bytes(pair_bytes_[pr], G, opt_.granule);
+    line_.assign(4 * static_cast<std::size_t>(S), 0); // each row's and column's sum, then entries
+    bytes_t* line = line_.data();
+    for (const detail::valued_pair& x : order_) {
+      const bytes_t e = per_rail_bytes(x.value, G, opt_.granule);
+      const std::uint32_t s = x.pair / S, d = x.pair % S;
+      m_(s, d) = e;
+      line[s] += e, line[S + d] += e, ++line[2 * S + s], ++line[3 * S + d];
+    }
+    const bytes_t most_bytes = *std::max_element(line, line + 2 * S), most_entries = *std::max_element(line + 2 * S, line + 4 * S);
+    const double bound = net.phase_time(most_bytes, most_entries);
+    if (mine < bound * (1 - 1e-9)) { // the margin: sums of doubles round
+      p.choice += ", " + ms(mine) + " with its ends' scale-up; shared at least " + ms(bound) + " (" +
+                  std::to_string(most_entries) + " stages or more, scale-out model): per-rail is faster";
+      return true;
+    }
     dec_.decompose(m_, stages_);
     std::string shared_name = D::name;
     if constexpr (requires { dec_.chosen(); }) shared_name = dec_.chosen();
@@ -851,39 +874,24 @@ private:
     return t.data()[static_cast<std::size_t>(i) * static_cast<std::size_t>(t.outerStride()) + j];
   }
 
-  // For every server pair (s, d), the stages in which s sends to d (CSR), and -1 in the plan's
+  // For every server pair (s, d), the stages in which s sends to d (CSR; a rank's view keeps only
+  // the pairs that touch its server, the only ones it makes pieces of), and -1 in the plan's
   // permutation where a stage only carries padding for s.
   void index_pair_stages(plan& p) {
     const int S = p.servers;
     const std::size_t T = p.stages();
-    pair_first_.assign(static_cast<std::size_t>(S) * S + 1, 0);
-    for (std::size_t t = 0; t < T; ++t)
+    begin_pair_index(p);
+    for (std::size_t t = 0; t < T; ++t) {
+      std::int32_t* perm = p.stage_perm.data() + t * S;
       for (int s = 0; s < S; ++s) {
-        int d = p.stage_perm[t * S + s];
-        if (d == s) p.stage_perm[t * S + s] = d = -1;
-        if (d >= 0) ++pair_first_[static_cast<std::size_t>(s) * S + d + 1];
-      }
-    for (std::size_t i = 1; i < pair_first_.size(); ++i) pair_first_[i] += pair_first_[i - 1];
-    pair_stages_.resize(pair_first_.back());
-    fill_.assign(pair_first_.begin(), pair_first_.end() - 1);
-    pair_weight_.assign(static_cast<std::size_t>(S) * S, 0);
-    for (std::size_t t = 0; t < T; ++t)
-      for (int s = 0; s < S; ++s) {
-        int d = p.stage_perm[t * S + s];
-        if (d < 0) continue;
-        std::size_t pr = static_cast<std::size_t>(s) * S + d;
+        const int d = perm[s];
+        if (d == s) perm[s] = -1;
+        if (d == s || d < 0) continue;
         // Rails of (s, d) fill stages in order, so a stage that starts past M(s, d) is padding.
-        if (pair_weight_[pr] >= m_(s, d)) p.stage_perm[t * S + s] = -1;
-        pair_weight_[pr] += p.stage_weight[t];
-        pair_stages_[fill_[pr]++] = static_cast<std::int32_t>(t);
+        stage_of_pair(p, perm[s], s, d, p.stage_weight[t], t);
       }
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        if (s != d && p.staged && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
-          throw error(std::string("decomposer '") + D::name + "' gave server pair (" +
-                      std::to_string(s) + ", " + std::to_string(d) + ") " +
-                      std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
-                      " per-rail bytes of stages; it needs " + std::to_string(m_(s, d)));
+    }
+    end_pair_index(p, nullptr);
   }
 
   // index_pair_stages for per-rail plans: a pair's stages are those of its rail in which its
@@ -891,42 +899,62 @@ private:
   void index_rail_stages(plan& p) {
     const int S = p.servers, G = p.gpus_per_server;
     const std::size_t T = p.stages();
-    pair_first_.assign(static_cast<std::size_t>(S) * S + 1, 0);
-    for (int pass = 0; pass < 2; ++pass) {
-      if (pass == 1) {
-        for (std::size_t i = 1; i < pair_first_.size(); ++i) pair_first_[i] += pair_first_[i - 1];
-        pair_stages_.resize(pair_first_.back());
-        fill_.assign(pair_first_.begin(), pair_first_.end() - 1);
-        pair_weight_.assign(static_cast<std::size_t>(S) * S, 0);
-      }
-      for (std::size_t t = 0; t < T; ++t)
-        for (int k = 0; k < G; ++k) {
-          std::int32_t* perm = p.rail_perm.data() + (t * G + k) * S;
-          for (int s = 0; s < S; ++s) {
-            const int d = perm[s];
-            if (d < 0) continue;
-            const std::size_t pr = static_cast<std::size_t>(s) * S + d;
-            if (rail_of_[pr] != static_cast<std::uint32_t>(k)) {
-              perm[s] = -1;
-              continue;
-            }
-            if (pass == 0) {
-              ++pair_first_[pr + 1];
-              continue;
-            }
-            if (pair_weight_[pr] >= m_(s, d)) perm[s] = -1; // padding past the pair's bytes
-            pair_weight_[pr] += p.rail_weight[static_cast<std::size_t>(k) * T + t];
-            pair_stages_[fill_[pr]++] = static_cast<std::int32_t>(t);
+    begin_pair_index(p);
+    for (std::size_t t = 0; t < T; ++t)
+      for (int k = 0; k < G; ++k) {
+        std::int32_t* perm = p.rail_perm.data() + (t * G + k) * S;
+        const bytes_t w = p.rail_weight[static_cast<std::size_t>(k) * T + t];
+        for (int s = 0; s < S; ++s) {
+          const int d = perm[s];
+          if (d < 0) continue;
+          if (rail_of_[static_cast<std::size_t>(s) * S + d] != static_cast<std::uint32_t>(k)) {
+            perm[s] = -1;
+            continue;
           }
+          stage_of_pair(p, perm[s], s, d, w, t); // padding past the pair's bytes
         }
+      }
+    end_pair_index(p, rail_of_.data());
+  }
+
+  // The pair index in one pass over the stages: stage_of_pair counts each pair's stages and keeps
+  // them (those a view needs) in stage order, end_pair_index lays them out by pair.
+  struct pair_hit {
+    std::size_t pair;
+    std::int32_t stage;
+  };
+  void begin_pair_index(const plan& p) {
+    const std::size_t SS = static_cast<std::size_t>(p.servers) * p.servers;
+    pair_first_.assign(SS + 1, 0);
+    pair_weight_.assign(SS, 0);
+    hits_.clear();
+    index_home_ = p.view < 0 ? -1 : p.view / p.gpus_per_server;
+  }
+  FASTA2A_INLINE void stage_of_pair(const plan& p, std::int32_t& entry, int s, int d, bytes_t w, std::size_t t) {
+    const std::size_t pr = static_cast<std::size_t>(s) * p.servers + d;
+    if (pair_weight_[pr] >= m_(s, d)) entry = -1;
+    pair_weight_[pr] += w;
+    if (index_home_ < 0 || s == index_home_ || d == index_home_) {
+      ++pair_first_[pr + 1];
+      hits_.push_back({pr, static_cast<std::int32_t>(t)});
     }
+  }
+  void end_pair_index(const plan& p, const std::uint32_t* rail_of) {
+    const int S = p.servers;
+    for (std::size_t i = 1; i < pair_first_.size(); ++i) pair_first_[i] += pair_first_[i - 1];
+    pair_stages_.resize(pair_first_.back());
+    fill_.assign(pair_first_.begin(), pair_first_.end() - 1);
+    for (const pair_hit& h : hits_) pair_stages_[fill_[h.pair]++] = h.stage;
     for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        if (s != d && pair_weight_[static_cast<std::size_t>(s) * S + d] < m_(s, d))
-          throw error(std::string("decomposer '") + D::name + "' gave server pair (" + std::to_string(s) + ", " +
-                      std::to_string(d) + ") on rail " + std::to_string(rail_of_[static_cast<std::size_t>(s) * S + d]) +
-                      " " + std::to_string(pair_weight_[static_cast<std::size_t>(s) * S + d]) +
-                      " bytes of stages; it needs " + std::to_string(m_(s, d)));
+      for (int d = 0; d < S; ++d) {
+        const std::size_t pr = static_cast<std::size_t>(s) * S + d;
+        if (s == d || !p.staged || pair_weight_[pr] >= m_(s, d)) continue;
+        throw error(std::string("decomposer '") + D::name + "' gave server pair (" + std::to_string(s) + ", " +
+                    std::to_string(d) + ") " +
+                    (rail_of ? "on rail " + std::to_string(rail_of[pr]) + " " : std::string()) +
+                    std::to_string(pair_weight_[pr]) + (rail_of ? " bytes of stages" : " per-rail bytes of stages") +
+                    "; it needs " + std::to_string(m_(s, d)));
+      }
   }
 
   void open_message(plan& p, rank_t src, rank_t dst) {
@@ -1421,10 +1449,9 @@ private:
   // rail and bytes, each rail's matrix and stages, and the plan's rail arrays.
   bool rails_ = false;
   std::vector<std::uint32_t> rail_of_;
-  std::vector<bytes_t> pair_bytes_, load_out_, load_in_, rail_weight_;
-  std::vector<std::uint32_t> order_, rank_order_;
-  std::vector<std::uint64_t> sort_keys_, sort_tmp_;
-  std::vector<std::uint64_t> rail_pref_; // per pair: its rails in order of preference (choose_rails)
+  std::vector<bytes_t> pair_bytes_, load_out_, load_in_, line_, rail_weight_;
+  std::vector<detail::valued_pair> order_, sort_tmp_; // pairs with bytes, largest first (choose_rails)
+  std::vector<std::uint32_t> rank_order_;
   std::vector<std::size_t> sort_count_;
   std::vector<server_matrix> rail_m_;
   std::vector<stage_list> rail_stages_;
@@ -1433,6 +1460,8 @@ private:
   std::vector<std::size_t> pair_first_, fill_;
   std::vector<std::int32_t> pair_stages_;
   std::vector<bytes_t> pair_weight_;
+  std::vector<pair_hit> hits_; // the pair index being built
+  int index_home_ = -1;
   std::vector<bytes_t> cap_, res_, y_, used_, railpos_, spilled_;
   std::vector<bytes_t> caps_;                       // servers x servers x G: rail capacities (a view: pair_slot)
   detail::staging_layout layout_;                   // a whole plan's staging bases
