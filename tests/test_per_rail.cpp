@@ -369,3 +369,22 @@ TEST_CASE("per_rail.no_shared_schedule_beats_the_bound_automatic_compares_with")
   }
   CHECK(skipped > 0);
 }
+
+TEST_CASE("per_rail.entries_past_2_to_the_56_are_summed_exactly_or_refused") {
+  // choose_rails sums each 8 x 8 block two entries at a time and takes block_sum's checked sum
+  // only where some entry reaches 2^56: blocks of such entries are still summed exactly, and a
+  // matrix whose sums pass 64 bits is refused, naming the line.
+  const auto topo = h200_cluster(3);
+  traffic_matrix t = traffic_matrix::Zero(24, 24);
+  t(0, 9) = bytes_t{1} << 58;
+  t(1, 10) = (bytes_t{1} << 57) + 3;
+  t(2, 17) = 5;
+  planner<fixed_topology<8>, slack_decomposer> pl(topo, {.rails = rail_schedule::per_rail});
+  const plan p = pl.make(t);
+  const verify_result v = verify(p, t);
+  INFO(v.error);
+  CHECK(v.ok);
+  CHECK(p.total_bytes == (bytes_t{1} << 58) + (bytes_t{1} << 57) + 8);
+  t(3, 11) = ~bytes_t{0} - (bytes_t{1} << 58); // the block (0, 1) now sums past 2^64
+  CHECK_THROWS_WITH_AS(pl.make(t), doctest::Contains("overflow"), error);
+}
