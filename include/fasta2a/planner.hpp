@@ -532,7 +532,17 @@ private:
     }
     // Entries below 2^57 cannot wrap a sum of at most 64 of them: one OR per entry finds the
     // blocks that need the split sum below.
-    if (G <= 8) {
+    if (G == 8) { // two entries a vector, as rail_preference
+      typedef bytes_t pair_v __attribute__((vector_size(16)));
+      pair_v sum = {}, any = {};
+      for (int a = 0; a < 8; ++a) {
+        pair_v r[4];
+        std::memcpy(r, blk + static_cast<std::size_t>(a) * ld, sizeof r);
+        sum += (r[0] + r[1]) + (r[2] + r[3]);
+        any |= (r[0] | r[1]) | (r[2] | r[3]);
+      }
+      if (((any[0] | any[1]) >> 57) == 0) return sum[0] + sum[1];
+    } else if (G <= 8) {
       bytes_t v = 0, any = 0;
       for (int a = 0; a < G; ++a) {
         const bytes_t* row = blk + a * ld;
@@ -1397,15 +1407,17 @@ private:
     }
   }
 
-  // The rails of an 8-bit set in increasing order, 8 to an entry (the unused ones 0; popcount
-  // says how many are used): a breadth-first step appends a rail's new neighbours with one copy
-  // instead of a loop over its bits, which mispredicts where the neighbour count varies with the data.
+  // The rails of an 8-bit set in increasing order, 8 to an entry (the unused ones 0; `count` says
+  // how many are used: without -mpopcnt, std::popcount is a library call): a breadth-first step
+  // appends a rail's new neighbours with one copy instead of a loop over its bits, which
+  // mispredicts where the neighbour count varies with the data.
   struct bit_list {
     std::uint8_t rail[256][8];
-    constexpr bit_list() : rail{} {
+    std::uint8_t count[256];
+    constexpr bit_list() : rail{}, count{} {
       for (int m = 0; m < 256; ++m)
-        for (int b = 0, n = 0; b < 8; ++b)
-          if (m >> b & 1) rail[m][n++] = static_cast<std::uint8_t>(b);
+        for (int b = 0; b < 8; ++b)
+          if (m >> b & 1) rail[m][count[m]++] = static_cast<std::uint8_t>(b);
     }
   };
   static constexpr bit_list rails_of_{};
@@ -1430,7 +1442,7 @@ private:
         seen |= next;
         std::memcpy(q + tail, rails_of_.rail[next], 8);
         std::memset(from + tail, head, 8);
-        tail += std::popcount(next);
+        tail += rails_of_.count[next];
       }
       if (found < 0) return; // the rest must ride rails that cost two hops
       // The path found <- q[head] <- q[from[head]] <- ... <- q[0] or q[1] (u or w).
