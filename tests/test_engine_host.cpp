@@ -941,3 +941,40 @@ TEST_CASE("engine.host.receive_counts_that_disagree_with_the_senders_fail_on_eve
     }
   }
 }
+
+// The engine's and the transports' waiting (detail::backoff under wait_policy): a wait that goes on
+// without progress sleeps ever longer, each pause at most 1/32 of the time waited so far (so a wait
+// that ends is delayed by about 3% of it at most) and at most max_idle_sleep; a long wait (a stopped
+// or dead peer, until the timeout) then wakes a few hundred times a second, not thousands.
+TEST_CASE("wait_policy.a_long_wait_sleeps_longer_within_a_32nd_of_the_wait_and_reset_starts_over") {
+  using namespace std::chrono;
+  for (const wait_policy wp : {wait_policy{}, wait_policy{.spin = 4, .yields = 4, .min_sleep = microseconds(5),
+                                                          .max_sleep = microseconds(100), .max_idle_sleep = microseconds(1500)},
+                               wait_policy{.spin = 0, .yields = 0, .min_sleep = microseconds(20),
+                                           .max_sleep = microseconds(10000), .max_idle_sleep = microseconds(2000)}}) {
+    CAPTURE(wp.max_sleep.count());
+    CAPTURE(wp.max_idle_sleep.count());
+    detail::backoff b(wp);
+    for (int round = 0; round < 2; ++round) { // the second round after reset(): the same again
+      CAPTURE(round);
+      for (int i = 0; i < wp.spin + wp.yields; ++i) b.pause();
+      CHECK(b.next_sleep() == wp.min_sleep);
+      const auto start = steady_clock::now();
+      long pauses = 0;
+      while (steady_clock::now() - start < milliseconds(250)) {
+        const auto waited = duration_cast<microseconds>(steady_clock::now() - start);
+        const auto bound = std::max(wp.max_sleep, std::min(waited / 32, wp.max_idle_sleep));
+        REQUIRE(b.next_sleep() <= bound);
+        b.pause();
+        ++pauses;
+      }
+      // 1/32 of 250 ms is past either cap: the pauses have reached the larger of the two.
+      CHECK(b.next_sleep() == std::max(wp.max_sleep, wp.max_idle_sleep));
+      // Sleeps never end early: past the first 64 ms (where 1/32 reaches 2 ms) a pause sleeps
+      // about max(max_sleep, max_idle_sleep), so 250 ms hold a few hundred pauses at most. The
+      // default policy's 200 us alone would allow 1250.
+      CHECK(pauses <= 128 + 250'000 / std::max(wp.max_sleep, wp.max_idle_sleep).count() + 64'000 / wp.max_sleep.count());
+      b.reset();
+    }
+  }
+}
