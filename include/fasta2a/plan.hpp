@@ -288,16 +288,26 @@ private:
 /// rank views alike) and for plans read back from their pieces (assign_staging).
 ///
 /// A rail stream (s, d, k) is what rail k carries from server s to server d, in piece order. Rank
-/// (s, k)'s staging buffer holds, per destination server d in order, stream (s, d, k) (its balance
-/// region: bytes gathered before they leave on the rail), then per source server s' in order,
-/// stream (s', s, k) (its receive region: bytes that arrived and wait to be redistributed). Byte
-/// position `pos` of a stream sits at its region's base plus pos, so any rank finds any piece's
-/// slot from the stream sizes alone, without the other server pairs' phase 1.
+/// (s, k)'s staging buffer holds, per destination server d in order, a region for stream (s, d, k)
+/// (its balance region: bytes gathered before they leave on the rail), then per source server s'
+/// in order, one for stream (s', s, k) (its receive region: bytes that arrived and wait to be
+/// redistributed). Byte position `pos` of a stream sits at its region's base plus pos.
+///
+/// Each region is as large as its stream's bound: in a shared plan the pair's largest stream,
+/// which is M(s, d), the per-rail bytes of the pair (per_rail_bytes: it depends only on the pair's
+/// total), the same for every rail; in a per-rail plan the stream itself (the pair rides one
+/// rail). So in a shared plan every base is a prefix sum of M, and any rank finds any piece's slot
+/// from the pairs' totals alone, without any other pair's rail capacities or phase 1: a rank's
+/// view orders the rails of the server pairs that touch its server only. A region holds at most
+/// one granule more than its stream (rail capacities of a pair differ by at most one granule), so
+/// a rank's buffer holds at most 2 (S - 1) granules more than its streams.
 class staging_layout {
 public:
   /// Lays out S x S x G streams whose sizes are load[(s * S + d) * G + k] and sets staging (one
-  /// size per rank, S * G) to what each rank's buffer needs.
-  void build(int S, int G, const bytes_t* load, std::vector<bytes_t>& staging) {
+  /// size per rank, S * G) to what each rank's buffer needs. `per_rail`: the plan has per-rail
+  /// schedules (each region as large as its stream); otherwise each region is as large as its
+  /// pair's largest stream.
+  void build(int S, int G, const bytes_t* load, std::vector<bytes_t>& staging, bool per_rail) {
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
     // Every base is written below, so resizing is enough: no need to clear them first.
     out_base_.resize(SSG);
@@ -305,21 +315,19 @@ public:
     staging.assign(SG, 0);
     // Balance regions first, in destination order; then receive regions, in source order. The
     // streams are visited in index order, so each loop is one linear pass.
-    std::size_t i = 0;
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k, ++i) {
-          bytes_t& size = staging[static_cast<std::size_t>(s) * G + k];
-          out_base_[i] = size;
-          size += load[i];
-        }
-    i = 0;
-    for (int s = 0; s < S; ++s)
-      for (int d = 0; d < S; ++d)
-        for (int k = 0; k < G; ++k, ++i) {
-          bytes_t& size = staging[static_cast<std::size_t>(d) * G + k];
-          in_base_[i] = size;
-          size += load[i];
+    for (int pass = 0; pass < 2; ++pass)
+      for (int s = 0; s < S; ++s)
+        for (int d = 0; d < S; ++d) {
+          const std::size_t i = (static_cast<std::size_t>(s) * S + d) * G;
+          bytes_t most = 0; // a region's size: the stream's, or the pair's largest stream's
+          if (!per_rail)
+            for (int k = 0; k < G; ++k) most = std::max(most, load[i + k]);
+          bytes_t* size = staging.data() + static_cast<std::size_t>(pass == 0 ? s : d) * G;
+          bytes_t* base = (pass == 0 ? out_base_.data() : in_base_.data()) + i;
+          for (int k = 0; k < G; ++k) {
+            base[k] = size[k];
+            size[k] += per_rail ? load[i + k] : most;
+          }
         }
   }
 
@@ -355,7 +363,7 @@ inline void assign_staging(plan& p) {
   for (const piece& pc : p.pieces)
     if (pc.rail >= 0) load[key(pc)] += pc.bytes;
   staging_layout layout;
-  layout.build(S, G, load.data(), p.staging_bytes);
+  layout.build(S, G, load.data(), p.staging_bytes, p.per_rail());
   std::fill(load.begin(), load.end(), 0); // now: position in each rail stream
   for (piece& pc : p.pieces) {
     if (pc.rail < 0) {

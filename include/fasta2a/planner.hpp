@@ -440,7 +440,8 @@ private:
   // (detail::staging_layout): a rail's capacity is exactly the bytes its stream will carry, so the
   // layout is known before any piece is made, and a rank's view places its pieces in the same
   // slots as the whole plan. A view keeps the capacities and bases of the pairs that touch its
-  // server only, summing the others' loads as it goes (the same sums, in the same order).
+  // server only, summing the others' region sizes as it goes (the same sums, in the same order):
+  // M(s, d) in a shared plan, so of those pairs it needs each one's total only.
   void rail_layout(const traffic_view& t, plan& p) {
     const int S = topo_.servers(), G = gpus();
     const std::size_t SG = static_cast<std::size_t>(S) * G, SSG = SG * S;
@@ -484,20 +485,40 @@ private:
           std::fill_n(cap, G, bytes_t{0});
           cap[rail_of_[static_cast<std::size_t>(s) * S + d]] = v;
           m_(s, d) = v;
-        } else {
+        } else if (kept) {
           m_(s, d) = rail_capacities<static_gpus_v<Topo>>(v, G, opt_.granule, blk, ld + 1, cap);
+        } else {
+          // A view makes no piece of this pair, and a shared plan's staging regions are sized by
+          // M alone (staging_layout): the pair's rails need no order.
+          m_(s, d) = per_rail_bytes(v, G, opt_.granule);
         }
-        if (view && D::staged) // staging_layout::build's two passes, summed in one
-          for (int k = 0; k < G; ++k) {
-            bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
-            bytes_t& in = in_sum_[static_cast<std::size_t>(d) * G + k];
-            if (kept) {
-              view_out_[pair_slot(p, S, G, s, d) * G + k] = out;
-              view_in_[pair_slot(p, S, G, s, d) * G + k] = in; // the destination's balance regions come first: below
+        if (view && D::staged) { // staging_layout::build's two passes, summed in one
+          // The destination's balance regions come before its receive regions: added below.
+          const std::size_t slot = kept ? pair_slot(p, S, G, s, d) * G : 0;
+          if (rails_) { // each region its stream
+            for (int k = 0; k < G; ++k) {
+              bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G + k];
+              bytes_t& in = in_sum_[static_cast<std::size_t>(d) * G + k];
+              if (kept) view_out_[slot + k] = out, view_in_[slot + k] = in;
+              out += cap[k];
+              in += cap[k];
             }
-            out += cap[k];
-            in += cap[k];
+          } else { // every rail's region is M(s, d): the sums of a server's rails are one, kept in rail 0's
+            bytes_t& out = out_sum_[static_cast<std::size_t>(s) * G];
+            bytes_t& in = in_sum_[static_cast<std::size_t>(d) * G];
+            if (kept) {
+              std::fill_n(view_out_.data() + slot, G, out);
+              std::fill_n(view_in_.data() + slot, G, in);
+            }
+            out += m_(s, d);
+            in += m_(s, d);
           }
+        }
+      }
+    if (view && D::staged && !rails_)
+      for (std::size_t r = 0; r < SG; ++r) {
+        out_sum_[r] = out_sum_[r - r % G];
+        in_sum_[r] = in_sum_[r - r % G];
       }
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
     p.total_bytes = total;
@@ -505,7 +526,7 @@ private:
     if (!D::staged) {
       p.staging_bytes.assign(SG, 0);
     } else if (!view) {
-      layout_.build(S, G, caps_.data(), p.staging_bytes);
+      layout_.build(S, G, caps_.data(), p.staging_bytes, rails_);
     } else {
       p.staging_bytes.assign(SG, 0);
       for (std::size_t r = 0; r < SG; ++r) p.staging_bytes[r] = out_sum_[r] + in_sum_[r];
