@@ -149,8 +149,8 @@ constexpr bool late_writes_revoked() noexcept {
 /// How a rank waits for a signal: spin briefly (cheap when the peer is close), then yield, then
 /// sleep with exponential back-off, so that many ranks sharing few cores do not starve the ones
 /// doing the work. A wait that goes on without progress sleeps longer still: each pause up to
-/// 1/32 of the time slept so far, so a long wait (a slow, stopped or dead peer, until the timeout)
-/// costs few wake-ups, while the delay it adds to a wait that ends stays within about 3% of it.
+/// 1/32 of the time since its first sleep, so a long wait (a slow, stopped or dead peer, until the
+/// timeout) costs few wake-ups, while the delay it adds to a wait that ends stays within about 3%.
 struct wait_policy {
   int spin = 64;                    ///< polls before the first yield
   int yields = 64;                  ///< yields before the first sleep
