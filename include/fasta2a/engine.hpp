@@ -192,6 +192,26 @@ template <StreamMemorySpace M>
 struct event_of<M> {
   using type = typename M::event_type;
 };
+
+// What the engine asks of its planner: a rank's part of the plan, and the staging budget of a
+// call. Behind a virtual call so that engine_core does not depend on the decomposer.
+class rank_planner {
+public:
+  virtual ~rank_planner() = default;
+  virtual void make_rank_into(const traffic_view& t, rank_t r, plan& p) = 0;
+  virtual void set_staging_budget(bytes_t bytes) = 0;
+};
+
+template <Topology Topo, Decomposer D>
+class rank_planner_of final : public rank_planner {
+public:
+  rank_planner_of(const Topo& topo, const plan_options& opt, const D& dec) : planner_(topo, opt, dec) {}
+  void make_rank_into(const traffic_view& t, rank_t r, plan& p) override { planner_.make_rank_into(t, r, p); }
+  void set_staging_budget(bytes_t bytes) override { planner_.set_staging_budget(bytes); }
+
+private:
+  planner<Topo, D> planner_;
+};
 } // namespace detail
 
 /// The two-phase all-to-allv engine of one rank, composed at compile time from a Topology, a
@@ -288,9 +308,14 @@ struct event_of<M> {
 /// - Over MPI, a send the failed rank had started may still read its send buffer until the peer it
 ///   goes to has returned from the call too (MPI cannot cancel a send); the next call's exchange
 ///   passes only after every rank has returned.
-template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer,
-          MemorySpace M = host_memory>
-class engine {
+///
+/// Compiled once per decomposer only where it must be: `engine` is a thin shell that makes the
+/// planner (the one part that depends on the decomposer) and hands it to `engine_core`, which holds
+/// everything else and is compiled once per topology, bootstrap, transports and memory space. A
+/// program (the CLI, a test) that offers several decomposers compiles the engine once, not once
+/// per decomposer; the plan is made through one virtual call per all-to-allv.
+template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, MemorySpace M>
+class engine_core {
   static_assert(Up::can_register(M::kind), "the scale-up transport cannot register the memory space's memory");
 
 public:
@@ -322,19 +347,17 @@ public:
     }
 
   private:
-    friend class engine;
-    window(engine* e, std::uint64_t id, std::span<std::byte> b) : eng_(e), id_(id), bytes_(b) {}
-    engine* eng_ = nullptr;
+    friend class engine_core;
+    window(engine_core* e, std::uint64_t id, std::span<std::byte> b) : eng_(e), id_(id), bytes_(b) {}
+    engine_core* eng_ = nullptr;
     std::uint64_t id_ = 0;
     std::span<std::byte> bytes_{};
   };
 
-  /// Collective over the transports (each hands this engine a connection of its own: every rank
-  /// makes its engines in the same order). Throws fasta2a::error if the bootstrap's size does not
-  /// match the topology or an option is out of range. `dec` configures the decomposer (a best_of's
-  /// alpha, a quantum); `mem` is the memory space (a GPU space carries its stream).
-  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{}, M mem = M{})
-      : planner_(topo, opt.planning, dec), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt),
+  /// As engine's (below), given the planner and the digest of its decomposer.
+  engine_core(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt, M mem,
+              std::unique_ptr<detail::rank_planner> planner, std::uint64_t decomposer_digest)
+      : planner_(std::move(planner)), boot_(&boot), up_(&scaleup), out_(&scaleout), opt_(opt),
         mem_(std::move(mem)), bounce_(!registers_directly(scaleout, M::kind)) {
     n_ = topo.ranks();
     G_ = topo.gpus_per_server();
@@ -351,7 +374,7 @@ public:
     if (bounce_ && !Out::can_register(memory_kind::host))
       throw error(std::string("engine: the scale-out transport registers neither ") + to_string(M::kind) +
                   " memory nor host memory to bounce it through");
-    digest_ = options_digest(topo, dec);
+    digest_ = options_digest(topo, decomposer_digest);
     up_conn_.emplace(up_->connect(channels));
     out_conn_.emplace(out_->connect(channels));
     expected_.assign(static_cast<std::size_t>(n_) * 2 * channels, 0);
@@ -360,14 +383,14 @@ public:
     peer_staging_.resize(static_cast<std::size_t>(n_));
     staging_cap_.assign(static_cast<std::size_t>(n_), 0);
   }
-  engine(const engine&) = delete;
-  engine& operator=(const engine&) = delete;
+  engine_core(const engine_core&) = delete;
+  engine_core& operator=(const engine_core&) = delete;
 
   /// Waits for queued stream-ordered calls to finish executing (their errors are dropped), then
   /// deregisters every buffer this engine registered and forgets its peers' handles. The caller's
   /// streams must have passed the engine's last call before it is destroyed (they wait on a flag
   /// the engine owns), as a communicator is destroyed only after its work.
-  ~engine() {
+  ~engine_core() {
     stop_proxy();
     settle(); // what a failed call revoked is not released twice
     try {
@@ -622,12 +645,12 @@ private:
 
   /// Where messages sit, for the program builder: from the counts exchange.
   struct layout {
-    const engine* e;
+    const engine_core* e;
     bytes_t send_offset(rank_t src, rank_t dst) const noexcept { return e->send_displ(src, dst); }
     bytes_t recv_offset(rank_t dst, rank_t src) const noexcept { return e->recv_displ(dst, src); }
   };
 
-  std::uint64_t options_digest(const Topo& topo, const D& dec) const {
+  std::uint64_t options_digest(const Topo& topo, std::uint64_t decomposer_digest) const {
     detail::digest h;
     h.mix(static_cast<std::uint64_t>(topo.servers()));
     h.mix(static_cast<std::uint64_t>(topo.gpus_per_server()));
@@ -645,7 +668,7 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.planning.rails));
     h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
     h.mix(opt_.staging_fraction.value_or(0.0));
-    h.mix(detail::decomposer_digest(dec));
+    h.mix(decomposer_digest);
     h.mix(static_cast<std::uint64_t>(M::kind));
     h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
     h.mix(static_cast<std::uint64_t>(Out::handle_bytes));
@@ -734,8 +757,8 @@ private:
     }
     const int counted = exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
     const auto t1 = clock::now();
-    if (opt_.staging_fraction) planner_.set_staging_budget(staging_budget());
-    planner_.make_rank_into(traffic(), me_, plan_); // this rank's part only, from the gathered counts in place (the same error on every rank)
+    if (opt_.staging_fraction) planner_->set_staging_budget(staging_budget());
+    planner_->make_rank_into(traffic(), me_, plan_); // this rank's part only, from the gathered counts in place (the same error on every rank)
     const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
     // From here on peers may put into this rank's buffers: an error abandons the call.
@@ -1789,7 +1812,7 @@ private:
     }
   }
 
-  planner<Topo, D> planner_;
+  std::unique_ptr<detail::rank_planner> planner_; // the decomposer's planner (engine makes it)
   Boot* boot_;
   Up* up_;
   Out* out_;
@@ -1866,6 +1889,21 @@ private:
   typename M::buffer flag_{};
   std::uint64_t release_seq_ = 0;
   std::thread proxy_; // last: started only once everything above exists
+};
+
+/// The engine of the class comment above (engine_core), with the planner of decomposer D.
+template <Topology Topo, Bootstrap Boot, Transport Up, Transport Out, Decomposer D = birkhoff_decomposer,
+          MemorySpace M = host_memory>
+class engine : public engine_core<Topo, Boot, Up, Out, M> {
+public:
+  /// Collective over the transports (each hands this engine a connection of its own: every rank
+  /// makes its engines in the same order). Throws fasta2a::error if the bootstrap's size does not
+  /// match the topology or an option is out of range. `dec` configures the decomposer (a best_of's
+  /// alpha, a quantum); `mem` is the memory space (a GPU space carries its stream).
+  engine(Topo topo, Boot& boot, Up& scaleup, Out& scaleout, engine_options opt = {}, D dec = D{}, M mem = M{})
+      : engine_core<Topo, Boot, Up, Out, M>(topo, boot, scaleup, scaleout, opt, std::move(mem),
+                                            std::make_unique<detail::rank_planner_of<Topo, D>>(topo, opt.planning, dec),
+                                            detail::decomposer_digest(dec)) {}
 };
 
 } // namespace fasta2a
