@@ -210,11 +210,20 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) noexcept {
 /// the decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message
 /// index (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the
 /// planner refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
-template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept {
+template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept;
+
+namespace detail {
+/// planner_scratch_bytes for a decomposer whose scratch per server pair is `per_pair` bytes.
+inline long double planner_scratch_bytes(int servers, int gpus, bool whole_plan, std::size_t per_pair) noexcept {
   const long double S = servers, G = gpus, pairs = S * S, n = S * G;
-  return pairs * (32.0L + static_cast<long double>(decomposer_scratch_per_pair<D>())) +
+  return pairs * (32.0L + static_cast<long double>(per_pair)) +
          (whole_plan ? pairs * G * 24.0L : 2.0L * S * G * 24.0L + n * 16.0L) + n * 40.0L +
          (whole_plan ? n * n * 8.0L : 0.0L);
+}
+} // namespace detail
+
+template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept {
+  return detail::planner_scratch_bytes(servers, gpus, whole_plan, decomposer_scratch_per_pair<D>());
 }
 
 namespace detail {
@@ -256,16 +265,34 @@ inline void sort_by_value_desc(std::vector<valued_pair>& items, std::vector<valu
 
 } // namespace detail
 
-/// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
-/// same plan object every iteration: its storage and the planner's scratch are reused.
-template <Topology Topo, Decomposer D = birkhoff_decomposer>
-class planner {
-public:
-  explicit planner(Topo topo, plan_options opt = {}, D dec = D())
-      : topo_(std::move(topo)), opt_(opt), dec_(std::move(dec)) {
-    if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
-    if (opt_.direct_if_faster_alpha) fallback_model().check("plan_options::direct_if_faster_alpha");
+/// What a decomposer is to the planner (planner_core): its name and whether it stages, fixed
+/// for its type (Decomposer); the rest through planner_core's virtual functions.
+struct decomposer_traits {
+  const char* name;
+  bool staged;
+  std::size_t scratch_per_pair; ///< decomposer_scratch_per_pair
+  bool chooses;                 ///< it has chosen(): the member or setting it chose for the last matrix
+  bool explains;                ///< and reason(): why
+  template <Decomposer D> static constexpr decomposer_traits of() noexcept {
+    return {D::name, D::staged, decomposer_scratch_per_pair<D>(), requires(const D& d) { d.chosen(); },
+            requires(const D& d) {
+              d.chosen();
+              d.reason();
+            }};
   }
+};
+
+/// Everything of a planner but its decomposer (planner<Topo, D>, below, adds it): compiled once
+/// per topology however many decomposers a program uses, the decomposer called through one
+/// virtual call per decomposition.
+template <Topology Topo>
+class planner_core {
+public:
+  planner_core(const planner_core&) = default;
+  planner_core(planner_core&&) = default;
+  planner_core& operator=(const planner_core&) = default;
+  planner_core& operator=(planner_core&&) = default;
+  virtual ~planner_core() = default;
 
   const Topo& topology() const noexcept { return topo_; }
   const plan_options& options() const noexcept { return opt_; }
@@ -304,6 +331,18 @@ public:
     build(t, p, r);
   }
 
+protected:
+  planner_core(Topo topo, plan_options opt, decomposer_traits dec)
+      : topo_(std::move(topo)), opt_(opt), dec_traits_(dec) {
+    if (opt_.granule == 0) throw error("plan_options::granule must be at least 1 byte");
+    if (opt_.direct_if_faster_alpha) fallback_model().check("plan_options::direct_if_faster_alpha");
+  }
+  /// The decomposer's work (planner<Topo, D>): D::decompose, and D's chosen() and reason() where
+  /// it has them (decomposer_traits).
+  virtual void decompose(const server_matrix& m, stage_list& out) = 0;
+  virtual std::string chosen() const = 0;
+  virtual std::string reason() const = 0;
+
 private:
   void build(const traffic_view& t, plan& p, rank_t view) {
     const rank_t n = topo_.ranks();
@@ -311,11 +350,11 @@ private:
     const int G = gpus();
     if (t.rows() != n || t.cols() != n) check_traffic(t, n); // throws, naming both shapes
     check_scratch(view < 0);
-    p.decomposer = D::name;
+    p.decomposer = dec_traits_.name;
     p.servers = S;
     p.gpus_per_server = G;
     p.granule = opt_.granule;
-    p.staged = D::staged;
+    p.staged = dec_traits_.staged;
     p.view = view;
     p.scaleup_bytes = 0;
     p.choice.clear();
@@ -327,7 +366,7 @@ private:
     // phase 1: they decide each pair's rail capacities.
     rails_ = false;
     bool decomposed = false;
-    if (D::staged && G > 1 && opt_.rails != rail_schedule::shared) {
+    if (dec_traits_.staged && G > 1 && opt_.rails != rail_schedule::shared) {
       rails_ = choose_rails(t, p);
       decomposed = !rails_; // automatic: the shared stages are made already
     }
@@ -343,19 +382,19 @@ private:
     } else {
       p.rail_load = max_line_sum(m_);
       if (!decomposed) {
-        dec_.decompose(m_, stages_);
-        if constexpr (requires { dec_.chosen(); dec_.reason(); }) {
-          p.decomposer = dec_.chosen();
-          p.choice = dec_.reason() + p.choice;
+        decompose(m_, stages_);
+        if (dec_traits_.explains) {
+          p.decomposer = chosen();
+          p.choice = reason() + p.choice;
         }
       }
     }
     ring_ = 0;
     slot_ = 0;
-    if (D::staged && opt_.staging_budget > 0) share_staging(p);
+    if (dec_traits_.staged && opt_.staging_budget > 0) share_staging(p);
     p.staging_ring = ring_;
     p.staging_slot = slot_;
-    if (D::staged && opt_.direct_if_faster_alpha) choose_direct(p);
+    if (dec_traits_.staged && opt_.direct_if_faster_alpha) choose_direct(p);
     if (!p.staged) {
       stages_.reset(S);
       rails_ = false;
@@ -406,7 +445,7 @@ private:
 
   // Refuses, before allocating it, scratch past the limit (planner_scratch_bytes).
   void check_scratch(bool whole_plan) const {
-    const long double need = planner_scratch_bytes<D>(topo_.servers(), gpus(), whole_plan);
+    const long double need = detail::planner_scratch_bytes(topo_.servers(), gpus(), whole_plan, dec_traits_.scratch_per_pair);
     if (need > static_cast<long double>(opt_.max_plan_bytes)) {
       char b[64];
       std::snprintf(b, sizeof b, "%.0Lf", need);
@@ -457,7 +496,7 @@ private:
       in_sum_.assign(SG, 0);
     }
     const std::size_t ld = static_cast<std::size_t>(t.outerStride());
-    const bool nic = D::staged && opt_.direct_if_faster_alpha.has_value();
+    const bool nic = dec_traits_.staged && opt_.direct_if_faster_alpha.has_value();
     if (nic) nic_.assign(2 * SG, 0);
     // One pass over the matrix. Entries are non-negative, so if the total fits in 64 bits every
     // row, column and block sum does too: only the total needs an overflow check.
@@ -492,7 +531,7 @@ private:
           // M alone (staging_layout): the pair's rails need no order.
           m_(s, d) = per_rail_bytes(v, G, opt_.granule);
         }
-        if (view && D::staged) { // staging_layout::build's two passes, summed in one
+        if (view && dec_traits_.staged) { // staging_layout::build's two passes, summed in one
           // The destination's balance regions come before its receive regions: added below.
           const std::size_t slot = kept ? pair_slot(p, S, G, s, d) * G : 0;
           if (rails_) { // each region its stream
@@ -515,7 +554,7 @@ private:
           }
         }
       }
-    if (view && D::staged && !rails_)
+    if (view && dec_traits_.staged && !rails_)
       for (std::size_t r = 0; r < SG; ++r) {
         out_sum_[r] = out_sum_[r - r % G];
         in_sum_[r] = in_sum_[r - r % G];
@@ -523,7 +562,7 @@ private:
     if (overflow) check_traffic(t, topo_.ranks()); // throws, naming the row or column
     p.total_bytes = total;
     // Direct sending stages nothing.
-    if (!D::staged) {
+    if (!dec_traits_.staged) {
       p.staging_bytes.assign(SG, 0);
     } else if (!view) {
       layout_.build(S, G, caps_.data(), p.staging_bytes, rails_);
@@ -814,20 +853,20 @@ private:
     rail_stages_.resize(static_cast<std::size_t>(G));
     // The stage lists' size limits count the rail arrays too (G permutations and weights a stage).
     const std::size_t extra = stages_.extra_bytes_per_stage + static_cast<std::size_t>(G) * (S * 4 + 8);
-    std::string chosen;
+    std::string names; // what the decomposer chose on each rail, each once
     for (int k = 0; k < G; ++k) {
       stage_list& list = rail_stages_[static_cast<std::size_t>(k)];
       list.reset(S);
       list.max_bytes = opt_.max_plan_bytes;
       list.extra_bytes_per_stage = extra;
-      dec_.decompose(rail_m_[static_cast<std::size_t>(k)], list);
-      if constexpr (requires { dec_.chosen(); }) {
-        const std::string c = dec_.chosen();
-        if (chosen.empty()) chosen = c;
-        else if (chosen != c && chosen.find(c) == std::string::npos) chosen += "/" + c;
+      decompose(rail_m_[static_cast<std::size_t>(k)], list);
+      if (dec_traits_.chooses) {
+        const std::string c = chosen();
+        if (names.empty()) names = c;
+        else if (names != c && names.find(c) == std::string::npos) names += "/" + c;
       }
     }
-    p.decomposer = chosen.empty() ? D::name : chosen;
+    p.decomposer = names.empty() ? dec_traits_.name : names;
     const scaleout_model net = scaleout_of(topo_);
     // Compared as cost_model.hpp's rails_choice_time: the scale-out phase and the two ends' scale-up
     // work no stage hides (per-rail plans gather whole pairs onto a rail, so theirs weigh more).
@@ -873,9 +912,9 @@ private:
                   std::to_string(most_entries) + " stages or more, scale-out model): per-rail is faster";
       return true;
     }
-    dec_.decompose(m_, stages_);
-    std::string shared_name = D::name;
-    if constexpr (requires { dec_.chosen(); }) shared_name = dec_.chosen();
+    decompose(m_, stages_);
+    std::string shared_name = dec_traits_.name;
+    if (dec_traits_.chooses) shared_name = chosen();
     const double theirs_out = net.stages_time(stages_.weights), theirs = theirs_out + ends(stages_.weights);
     const std::string why = p.choice + ", " + ms(mine) + " with its ends' scale-up; shared " + shared_name + " " +
                             std::to_string(stages_.size()) + " stages " + ms(theirs_out) + ", " + ms(theirs) +
@@ -1000,7 +1039,7 @@ private:
       for (int d = 0; d < S; ++d) {
         const std::size_t pr = static_cast<std::size_t>(s) * S + d;
         if (s == d || !p.staged || pair_weight_[pr] >= m_(s, d)) continue;
-        throw error(std::string("decomposer '") + D::name + "' gave server pair (" + std::to_string(s) + ", " +
+        throw error(std::string("decomposer '") + dec_traits_.name + "' gave server pair (" + std::to_string(s) + ", " +
                     std::to_string(d) + ") " +
                     (rail_of ? "on rail " + std::to_string(rail_of[pr]) + " " : std::string()) +
                     std::to_string(pair_weight_[pr]) + (rail_of ? " bytes of stages" : " per-rail bytes of stages") +
@@ -1494,7 +1533,7 @@ private:
 
   Topo topo_;
   plan_options opt_;
-  D dec_;
+  decomposer_traits dec_traits_;
   server_matrix m_;
   stage_list stages_, split_;
   std::uint32_t ring_ = 0; // plan::staging_ring and staging_slot of the plan being made
@@ -1526,6 +1565,28 @@ private:
   std::vector<std::uint64_t> over_;                 // a view's messages with bytes to spill, by row
   std::vector<char> fits_;                          // phase 1: rails that can take all their pairs
   detail::index_builder<static_gpus_v<Topo>> index_;
+};
+
+/// Builds plans for one topology with one decomposer. Keep a planner and call `make_into` with the
+/// same plan object every iteration: its storage and the planner's scratch are reused.
+template <Topology Topo, Decomposer D = birkhoff_decomposer>
+class planner final : public planner_core<Topo> {
+public:
+  explicit planner(Topo topo, plan_options opt = {}, D dec = D())
+      : planner_core<Topo>(std::move(topo), opt, decomposer_traits::of<D>()), dec_(std::move(dec)) {}
+
+private:
+  void decompose(const server_matrix& m, stage_list& out) override { dec_.decompose(m, out); }
+  std::string chosen() const override {
+    if constexpr (requires { dec_.chosen(); }) return dec_.chosen();
+    else return D::name;
+  }
+  std::string reason() const override {
+    if constexpr (requires { dec_.reason(); }) return dec_.reason();
+    else return {};
+  }
+
+  D dec_;
 };
 
 /// Plans traffic matrix t on topology topo with decomposer D (exact Birkhoff by default).
