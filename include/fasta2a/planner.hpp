@@ -445,7 +445,8 @@ private:
 
   // Refuses, before allocating it, scratch past the limit (planner_scratch_bytes).
   void check_scratch(bool whole_plan) const {
-    const long double need = detail::planner_scratch_bytes(topo_.servers(), gpus(), whole_plan, dec_traits_.scratch_per_pair);
+    const long double need =
+        detail::planner_scratch_bytes(topo_.servers(), gpus(), whole_plan, dec_traits_.scratch_per_pair);
     if (need > static_cast<long double>(opt_.max_plan_bytes)) {
       char b[64];
       std::snprintf(b, sizeof b, "%.0Lf", need);
