@@ -203,15 +203,6 @@ inline bytes_t per_rail_bytes(bytes_t v, int gpus, bytes_t granule) noexcept {
   return base + std::min(rem, granule); // the first rail's share of the remainder
 }
 
-/// What a planner with decomposer D allocates before its first piece, for S servers of G GPUs:
-/// the server matrix, per-pair stage index and weights (32 bytes per server pair), the rail
-/// capacities and the staging layout's two bases (24 bytes per server pair and rail; a rank's view
-/// keeps them only for the 2 S pairs that touch its server, and sums per rank: 16 more per rank),
-/// the decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message
-/// index (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the
-/// planner refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
-template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept;
-
 namespace detail {
 /// planner_scratch_bytes for a decomposer whose scratch per server pair is `per_pair` bytes.
 inline long double planner_scratch_bytes(int servers, int gpus, bool whole_plan, std::size_t per_pair) noexcept {
@@ -222,6 +213,13 @@ inline long double planner_scratch_bytes(int servers, int gpus, bool whole_plan,
 }
 } // namespace detail
 
+/// What a planner with decomposer D allocates before its first piece, for S servers of G GPUs:
+/// the server matrix, per-pair stage index and weights (32 bytes per server pair), the rail
+/// capacities and the staging layout's two bases (24 bytes per server pair and rail; a rank's view
+/// keeps them only for the 2 S pairs that touch its server, and sums per rank: 16 more per rank),
+/// the decomposer's scratch (decomposer_scratch_per_pair), and, for a whole plan, the message
+/// index (8 bytes per rank pair). An upper estimate, in long double so that it cannot wrap: the
+/// planner refuses to plan when it passes plan_options::max_plan_bytes, before allocating any of it.
 template <class D> long double planner_scratch_bytes(int servers, int gpus, bool whole_plan) noexcept {
   return detail::planner_scratch_bytes(servers, gpus, whole_plan, decomposer_scratch_per_pair<D>());
 }
@@ -271,11 +269,9 @@ struct decomposer_traits {
   const char* name;
   bool staged;
   std::size_t scratch_per_pair; ///< decomposer_scratch_per_pair
-  bool chooses;                 ///< it has chosen(): the member or setting it chose for the last matrix
-  bool explains;                ///< and reason(): why
+  bool explains;                ///< it has chosen() and reason(): what it chose for the last matrix, and why
   template <Decomposer D> static constexpr decomposer_traits of() noexcept {
-    return {D::name, D::staged, decomposer_scratch_per_pair<D>(), requires(const D& d) { d.chosen(); },
-            requires(const D& d) {
+    return {D::name, D::staged, decomposer_scratch_per_pair<D>(), requires(const D& d) {
               d.chosen();
               d.reason();
             }};
@@ -861,13 +857,11 @@ private:
       list.max_bytes = opt_.max_plan_bytes;
       list.extra_bytes_per_stage = extra;
       decompose(rail_m_[static_cast<std::size_t>(k)], list);
-      if (dec_traits_.chooses) {
-        const std::string c = chosen();
-        if (names.empty()) names = c;
-        else if (names != c && names.find(c) == std::string::npos) names += "/" + c;
-      }
+      const std::string c = chosen(); // D::name where D chooses nothing
+      if (names.empty()) names = c;
+      else if (names != c && names.find(c) == std::string::npos) names += "/" + c;
     }
-    p.decomposer = names.empty() ? dec_traits_.name : names;
+    p.decomposer = names;
     const scaleout_model net = scaleout_of(topo_);
     // Compared as cost_model.hpp's rails_choice_time: the scale-out phase and the two ends' scale-up
     // work no stage hides (per-rail plans gather whole pairs onto a rail, so theirs weigh more).
@@ -914,8 +908,7 @@ private:
       return true;
     }
     decompose(m_, stages_);
-    std::string shared_name = dec_traits_.name;
-    if (dec_traits_.chooses) shared_name = chosen();
+    const std::string shared_name = chosen();
     const double theirs_out = net.stages_time(stages_.weights), theirs = theirs_out + ends(stages_.weights);
     const std::string why = p.choice + ", " + ms(mine) + " with its ends' scale-up; shared " + shared_name + " " +
                             std::to_string(stages_.size()) + " stages " + ms(theirs_out) + ", " + ms(theirs) +
