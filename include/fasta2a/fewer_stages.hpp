@@ -532,6 +532,11 @@ public:
     // 0..n-1, then the idle node of each row (n + s).
     mate_l_.assign(2 * n, -1);
     mate_r_.assign(2 * n, -1);
+    parent_.resize(2 * n);
+    queue_.resize(2 * n);
+    reached_.resize((2 * n + 63) / 64);
+    idle_.assign(reached_.size(), 0); // the idle row nodes n ... 2 n - 1
+    for (std::size_t v = n; v < 2 * n; ++v) idle_[v / 64] |= std::uint64_t{1} << (v % 64);
     theta_ = left_;
     perm_.assign(n, -1);
     // First the S - 1 cyclic shifts s -> s + t, each as heavy as its weakest pair's capacity:
@@ -559,9 +564,13 @@ public:
       }
       theta_ = left_;
     }
+    if (left_ > 0) refresh();
     while (left_ > 0) {
       for (int u = 0; u < 2 * n_; ++u)
-        if (mate_l_[u] < 0) match(u);
+        if (mate_l_[u] < 0) {
+          if (n_ <= small) match<true>(u);
+          else match<false>(u);
+        }
       // The stage's weight: its weakest matched capacity (the bottleneck), at most what is left.
       bytes_t w = left_;
       for (int u = 0; u < 2 * n_; ++u) w = std::min(w, cap(u, mate_l_[u]));
@@ -579,6 +588,7 @@ public:
       out.add(w, perm_);
       left_ -= w;
       if (left_ == 0) break;
+      refresh();
       // Capacities fell: the next bottleneck is at most w. Unmatch what no longer reaches it.
       theta_ = w;
       for (int u = 0; u < 2 * n_; ++u) {
@@ -594,60 +604,131 @@ public:
 
 private:
   static constexpr bytes_t unbounded = ~bytes_t{0};
+  static constexpr int small = 16; // servers up to which match<true> is used
   std::size_t idx(int i, int j) const noexcept { return static_cast<std::size_t>(i) * n_ + j; }
   bytes_t slack_row(int s) const noexcept { return left_ - r_[s]; }
   bytes_t slack_col(int d) const noexcept { return left_ - c_[d]; }
 
+  // The second phase's capacities, refreshed whenever R_, r_, c_ or left_ change (after each
+  // stage): cap_ of pair (s, d) is R(s, d) + min(slack_s, slack_d) where R(s, d) > 0, else 0
+  // (at most L', as R(s, d) + slack_s <= L'); srow_ and scol_ are the slacks, the capacities of
+  // the edges to the idle nodes.
+  void refresh() {
+    const std::size_t n = static_cast<std::size_t>(n_);
+    cap_.resize(n * n);
+    srow_.resize(n);
+    scol_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      srow_[i] = left_ - r_[i];
+      scol_[i] = left_ - c_[i];
+    }
+    for (std::size_t s = 0; s < n; ++s) {
+      const bytes_t* e = R_.data() + s * n;
+      bytes_t* c = cap_.data() + s * n;
+      const bytes_t sr = srow_[s];
+      for (std::size_t d = 0; d < n; ++d) {
+        const bytes_t sd = scol_[d], slack = sr < sd ? sr : sd;
+        c[d] = e[d] == 0 ? 0 : e[d] + slack;
+      }
+    }
+  }
+
   // Capacity of the edge from left node u to right node v; 0 where there is no edge.
   bytes_t cap(int u, int v) const noexcept {
     if (u < n_) {
-      if (v < n_) {
-        const bytes_t e = R_[idx(u, v)];
-        return e == 0 ? 0 : e + std::min(slack_row(u), slack_col(v));
-      }
-      return v - n_ == u ? slack_row(u) : 0;
+      if (v < n_) return cap_[idx(u, v)];
+      return v - n_ == u ? srow_[static_cast<std::size_t>(u)] : 0;
     }
-    if (v < n_) return u - n_ == v ? slack_col(v) : 0;
+    if (v < n_) return u - n_ == v ? scol_[static_cast<std::size_t>(v)] : 0;
     return unbounded;
   }
 
-  // Matches free left node u by breadth-first augmenting paths over edges of capacity >= theta_,
-  // lowering theta_ to the best capacity below it that the search met whenever it fails.
-  void match(int u) {
-    const int N = 2 * n_;
+  // Matches free left node u by breadth-first augmenting paths over edges of capacity >= theta_.
+  // A row reaches every column and its own idle node; a column's idle node reaches its column and
+  // every row's idle node: in both, the right nodes in increasing order, the first time each is
+  // reached. Where no free right node is reachable, theta_ falls to the best capacity of an edge
+  // from a reached left node to a right node left unreached, and the search starts again. That
+  // value is at least the best bottleneck of any augmenting path (such a path leaves the reached
+  // set by one of those edges), so theta_ ends at that bottleneck (or stays where it was, if a path
+  // reaches it), and the path found is the first at that level.
+  //
+  // The right nodes reached are a bit set of W words; a left node's edges at theta_ are another,
+  // made without branches from its row of capacities, and taken in increasing order.
+  //
+  // Few: at most `small` servers (one word of right nodes): the set is a register, and a row's
+  // nodes are tested one by one, the search stopping at the first free one.
+  template <bool Few> void match(int u) {
+    const int n = n_, N = 2 * n;
+    std::uint64_t one = 0;
+    const std::size_t W = Few ? 1 : reached_.size();
+    std::uint64_t* reached = Few ? &one : reached_.data();
+    int* queue = queue_.data();
+    auto bit = [](int v) { return std::uint64_t{1} << (Few ? static_cast<unsigned>(v) : static_cast<unsigned>(v) % 64); };
+    auto word = [](int v) { return Few ? 0 : static_cast<std::size_t>(static_cast<unsigned>(v) / 64); };
     for (;;) {
-      parent_.assign(N, -1);
-      queue_.clear();
-      queue_.push_back(u);
-      bytes_t below = 0; // best capacity under theta_ seen from a reached left node
-      for (std::size_t q = 0; q < queue_.size(); ++q) {
-        const int x = queue_[q];
-        // A row reaches every column and its own idle node; a column's idle node reaches its
-        // column and every row's idle node.
-        auto visit = [&](int v) -> bool {
-          if (parent_[v] != -1) return false;
-          const bytes_t c = cap(x, v);
-          if (c == 0) return false;
-          if (c < theta_) {
-            below = std::max(below, c);
-            return false;
+      const bytes_t theta = theta_;
+      std::fill_n(reached, W, 0);
+      queue[0] = u;
+      int tail = 1;
+      // x reaches right node v: true where v is free (the path is flipped and the search ends),
+      // else v's mate joins the queue.
+      auto reach = [&](int x, int v) FASTA2A_INLINE {
+        parent_[static_cast<std::size_t>(v)] = x;
+        reached[word(v)] |= bit(v);
+        if (mate_r_[static_cast<std::size_t>(v)] < 0) {
+          flip(u, v);
+          return true;
+        }
+        queue[tail++] = mate_r_[static_cast<std::size_t>(v)];
+        return false;
+      };
+      for (int head = 0; head < tail; ++head) {
+        const int x = queue[head];
+        if constexpr (Few) {
+          auto fresh = [&](int v) FASTA2A_INLINE { return (reached[word(v)] & bit(v)) == 0; };
+          if (x < n) {
+            const bytes_t* c = cap_.data() + idx(x, 0);
+            for (int v = 0; v < n; ++v)
+              if (fresh(v) && c[v] >= theta && reach(x, v)) return;
+            if (fresh(n + x) && srow_[static_cast<std::size_t>(x)] >= theta && reach(x, n + x)) return;
+          } else {
+            const int j = x - n;
+            if (fresh(j) && scol_[static_cast<std::size_t>(j)] >= theta && reach(x, j)) return;
+            for (int v = n; v < N; ++v)
+              if (fresh(v) && reach(x, v)) return;
           }
-          parent_[v] = x;
-          if (mate_r_[v] < 0) {
-            flip(u, v);
-            return true;
-          }
-          queue_.push_back(mate_r_[v]);
-          return false;
-        };
-        if (x < n_) {
-          for (int v = 0; v < n_; ++v)
-            if (visit(v)) return;
-          if (visit(n_ + x)) return;
         } else {
-          if (visit(x - n_)) return;
-          for (int v = n_; v < N; ++v)
-            if (visit(v)) return;
+          for (std::size_t k = 0; k < W; ++k) {
+          // Right nodes 64 k ... 64 k + 63: columns below n, idle row nodes from n on.
+          const int lo = static_cast<int>(k * 64), hi = std::min(N, lo + 64);
+          std::uint64_t edges = 0;
+          if (x < n) {
+            const bytes_t* c = cap_.data() + idx(x, 0);
+            for (int v = lo; v < std::min(hi, n); ++v) edges |= static_cast<std::uint64_t>(c[v] >= theta) << (v - lo);
+            if (n + x >= lo && n + x < hi) edges |= static_cast<std::uint64_t>(srow_[static_cast<std::size_t>(x)] >= theta) << (n + x - lo);
+          } else {
+            const int j = x - n;
+            if (j >= lo && j < hi) edges |= static_cast<std::uint64_t>(scol_[static_cast<std::size_t>(j)] >= theta) << (j - lo);
+            edges |= idle_[k]; // unbounded
+          }
+          for (std::uint64_t todo = edges & ~reached[k]; todo != 0; todo &= todo - 1)
+            if (reach(x, lo + std::countr_zero(todo))) return;
+          }
+        }
+      }
+      // Every edge at theta_ from a reached left node reaches its node: what is left unreached is
+      // below theta_.
+      bytes_t below = 0;
+      auto unreached = [&](int v) { return (reached[word(v)] & bit(v)) == 0; };
+      for (int h = 0; h < tail; ++h) {
+        const int x = queue[h];
+        if (x < n) {
+          const bytes_t* c = cap_.data() + idx(x, 0);
+          for (int v = 0; v < n; ++v)
+            if (unreached(v)) below = std::max(below, c[v]);
+          if (unreached(n + x)) below = std::max(below, srow_[static_cast<std::size_t>(x)]);
+        } else if (unreached(x - n)) {
+          below = std::max(below, scol_[static_cast<std::size_t>(x - n)]);
         }
       }
       if (below == 0)
@@ -684,8 +765,9 @@ private:
 
   int n_ = 0;
   bytes_t left_ = 0, theta_ = 0;
-  std::vector<bytes_t> R_, r_, c_, sorted_w_;
+  std::vector<bytes_t> R_, r_, c_, sorted_w_, cap_, srow_, scol_;
   std::vector<int> mate_l_, mate_r_, parent_, queue_;
+  std::vector<std::uint64_t> reached_, idle_; // match's right nodes reached; the idle row nodes
   std::vector<std::int32_t> perm_, sorted_p_;
   std::vector<std::size_t> order_;
 };
