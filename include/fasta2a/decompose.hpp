@@ -152,6 +152,11 @@ public:
     pad(m);
     match_.assign(n, -1);
     owner_.assign(n, -1);
+    parent_.resize(n);
+    queue_.resize(n);
+    seen_.resize(words_);
+    free_.assign(words_, 0); // every column is free
+    for (int j = 0; j < n; ++j) flip_bit(free_.data(), j);
     for (int i = 0; i < n; ++i) augment(i);
     bytes_t remaining = line_;
     while (remaining > 0) {
@@ -167,6 +172,8 @@ public:
         bytes_t& e = a_[idx(i, match_[i])];
         e -= w;
         if (e == 0) {
+          flip_bit(&nz_[static_cast<std::size_t>(i) * words_], match_[i]);
+          flip_bit(free_.data(), match_[i]);
           owner_[match_[i]] = -1;
           match_[i] = -1;
           broken_.push_back(i);
@@ -208,39 +215,60 @@ private:
     n_ = static_cast<int>(m.rows());
     line_ = detail::pad_to_line_sum(m, 1, a_, row_, col_);
     perm_.assign(n_, -1);
+    const std::size_t n = static_cast<std::size_t>(n_);
+    words_ = (n + 63) / 64;
+    nz_.assign(n * words_, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) nz_[i * words_ + j / 64] |= static_cast<std::uint64_t>(a_[i * n + j] != 0) << (j % 64);
   }
 
-  // Kuhn's augmenting path from free row r, breadth-first so the repair touches few rows.
+  static void flip_bit(std::uint64_t* w, int j) noexcept { w[j / 64] ^= std::uint64_t{1} << (j % 64); }
+
+  // Kuhn's augmenting path from free row r, breadth-first so the repair touches few rows. A row's
+  // columns are taken in increasing order, and the search ends at the first free one: a word of
+  // columns at a time, over bit sets of each row's non-zero entries (nz_), the free columns and the
+  // columns reached.
   bool augment(int r) {
-    parent_.assign(n_, -1); // parent_[col] = row that reached it
-    queue_.clear();
-    queue_.push_back(r);
-    for (std::size_t q = 0; q < queue_.size(); ++q) {
-      int i = queue_[q];
-      const bytes_t* rowp = &a_[idx(i, 0)];
-      for (int j = 0; j < n_; ++j) {
-        if (rowp[j] == 0 || parent_[j] != -1) continue;
-        parent_[j] = i;
-        if (owner_[j] == -1) {
-          // Flip the path back to r.
-          while (j != -1) {
-            int pi = parent_[j];
-            int next = match_[pi];
+    const std::size_t W = words_;
+    std::uint64_t* seen = seen_.data();
+    std::fill_n(seen, W, 0);
+    int* queue = queue_.data();
+    std::size_t tail = 0;
+    queue[tail++] = r;
+    for (std::size_t q = 0; q < tail; ++q) {
+      const int i = queue[q];
+      const std::uint64_t* row = &nz_[static_cast<std::size_t>(i) * W];
+      for (std::size_t wd = 0; wd < W; ++wd) {
+        std::uint64_t fresh = row[wd] & ~seen[wd];
+        if (const std::uint64_t hit = fresh & free_[wd]; hit != 0) {
+          // The columns before it would only have queued their rows.
+          int j = static_cast<int>(wd * 64) + std::countr_zero(hit);
+          parent_[j] = i;
+          flip_bit(free_.data(), j);
+          while (j != -1) { // flip the path back to r
+            const int pi = parent_[j], next = match_[pi];
             match_[pi] = j;
             owner_[j] = pi;
             j = pi == r ? -1 : next;
           }
           return true;
         }
-        queue_.push_back(owner_[j]);
+        seen[wd] |= fresh;
+        for (; fresh != 0; fresh &= fresh - 1) {
+          const int j = static_cast<int>(wd * 64) + std::countr_zero(fresh);
+          parent_[j] = i;
+          queue[tail++] = owner_[j];
+        }
       }
     }
     return false;
   }
 
   int n_ = 0;
+  std::size_t words_ = 0;
   bytes_t line_ = 0;
   std::vector<bytes_t> a_, row_, col_;
+  std::vector<std::uint64_t> nz_, free_, seen_; // bit sets: each row's non-zero entries, free and reached columns
   std::vector<int> match_, owner_, parent_, queue_, broken_;
   std::vector<std::int32_t> perm_, sorted_p_;
   std::vector<std::size_t> order_;
