@@ -123,6 +123,104 @@ inline bytes_t pad_to_line_sum(const server_matrix& m, bytes_t unit, std::vector
   return line;
 }
 
+/// A matching of n rows to n columns in a bipartite graph kept as bit sets, a word of 64 columns at
+/// a time: each row's edges and the free columns. Grown by Kuhn's breadth-first augmenting paths
+/// (birkhoff_decomposer, bottleneck_peeler), which take a row's columns in increasing order and
+/// end at the first free one: where a row's fresh columns include a free one the search takes the
+/// lowest (the columns before it would only have queued their rows), else it queues the rows of
+/// all of them in order.
+class bit_matching {
+public:
+  /// n rows and columns, no edges, nothing matched.
+  void reset(int n) {
+    n_ = n;
+    const std::size_t N = static_cast<std::size_t>(n);
+    words_ = (N + 63) / 64;
+    edges_.assign(N * words_, 0);
+    free_.assign(words_, 0);
+    for (int j = 0; j < n; ++j) flip_bit(free_.data(), j);
+    seen_.resize(words_);
+    match_.assign(N, -1);
+    owner_.assign(N, -1);
+    parent_.resize(N);
+    queue_.resize(N);
+    reached_ = 0;
+  }
+  /// Adds edge (i, j) where it is absent, removes it where it is present.
+  void toggle(int i, int j) noexcept { flip_bit(&edges_[static_cast<std::size_t>(i) * words_], j); }
+  /// Row i's column; -1 where row i is free.
+  int column(int i) const noexcept { return match_[static_cast<std::size_t>(i)]; }
+  /// Frees row i (matched) and its column.
+  void unmatch(int i) noexcept {
+    const int j = match_[static_cast<std::size_t>(i)];
+    owner_[static_cast<std::size_t>(j)] = -1;
+    match_[static_cast<std::size_t>(i)] = -1;
+    flip_bit(free_.data(), j);
+  }
+  /// Matches free row r to the lowest free column among its own edges, if it has one.
+  bool take_free(int r) noexcept {
+    const std::uint64_t* row = &edges_[static_cast<std::size_t>(r) * words_];
+    for (std::size_t wd = 0; wd < words_; ++wd)
+      if (const std::uint64_t hit = row[wd] & free_[wd]; hit != 0) {
+        const int j = static_cast<int>(wd * 64) + std::countr_zero(hit);
+        match_[static_cast<std::size_t>(r)] = j;
+        owner_[static_cast<std::size_t>(j)] = r;
+        flip_bit(free_.data(), j);
+        return true;
+      }
+    return false;
+  }
+  /// Matches free row r through an augmenting path. False if there is none: reached() then holds
+  /// the rows the search reached (each once; r first).
+  bool augment(int r) noexcept {
+    const std::size_t W = words_;
+    std::uint64_t* seen = seen_.data();
+    std::fill_n(seen, W, 0);
+    int* queue = queue_.data();
+    std::size_t tail = 0;
+    queue[tail++] = r;
+    for (std::size_t q = 0; q < tail; ++q) {
+      const int i = queue[q];
+      const std::uint64_t* row = &edges_[static_cast<std::size_t>(i) * W];
+      for (std::size_t wd = 0; wd < W; ++wd) {
+        std::uint64_t fresh = row[wd] & ~seen[wd];
+        if (const std::uint64_t hit = fresh & free_[wd]; hit != 0) {
+          int j = static_cast<int>(wd * 64) + std::countr_zero(hit);
+          parent_[static_cast<std::size_t>(j)] = i;
+          flip_bit(free_.data(), j);
+          while (j != -1) { // flip the path back to r
+            const int pi = parent_[static_cast<std::size_t>(j)], next = match_[static_cast<std::size_t>(pi)];
+            match_[static_cast<std::size_t>(pi)] = j;
+            owner_[static_cast<std::size_t>(j)] = pi;
+            j = pi == r ? -1 : next;
+          }
+          return true;
+        }
+        seen[wd] |= fresh;
+        for (; fresh != 0; fresh &= fresh - 1) {
+          const int j = static_cast<int>(wd * 64) + std::countr_zero(fresh);
+          parent_[static_cast<std::size_t>(j)] = i;
+          queue[tail++] = owner_[static_cast<std::size_t>(j)];
+        }
+      }
+    }
+    reached_ = tail;
+    return false;
+  }
+  /// The rows the last failed augment reached.
+  std::span<const int> reached() const noexcept { return {queue_.data(), reached_}; }
+
+private:
+  static void flip_bit(std::uint64_t* w, int j) noexcept {
+    w[static_cast<unsigned>(j) / 64] ^= std::uint64_t{1} << (static_cast<unsigned>(j) % 64);
+  }
+
+  int n_ = 0;
+  std::size_t words_ = 0, reached_ = 0;
+  std::vector<std::uint64_t> edges_, free_, seen_;
+  std::vector<int> match_, owner_, parent_, queue_;
+};
+
 } // namespace detail
 
 /// Largest row or column sum of a server matrix: L, the per-rail bytes of the busiest server.
@@ -150,37 +248,28 @@ public:
     out.reset(n);
     if (n == 0) return;
     pad(m);
-    match_.assign(n, -1);
-    owner_.assign(n, -1);
-    parent_.resize(n);
-    queue_.resize(n);
-    seen_.resize(words_);
-    free_.assign(words_, 0); // every column is free
-    for (int j = 0; j < n; ++j) flip_bit(free_.data(), j);
-    for (int i = 0; i < n; ++i) augment(i);
+    for (int i = 0; i < n; ++i) matching_.augment(i);
     bytes_t remaining = line_;
     while (remaining > 0) {
       bytes_t w = ~bytes_t{0};
-      for (int i = 0; i < n; ++i) w = std::min(w, a_[idx(i, match_[i])]);
-      for (int i = 0; i < n; ++i) perm_[i] = match_[i] == i ? -1 : match_[i];
+      for (int i = 0; i < n; ++i) w = std::min(w, a_[idx(i, matching_.column(i))]);
+      for (int i = 0; i < n; ++i) perm_[i] = matching_.column(i) == i ? -1 : matching_.column(i);
       out.add(w, perm_);
       remaining -= w;
       if (remaining == 0) break;
       // Drop the matched entries that ran out, then repair the matching around them.
       broken_.clear();
       for (int i = 0; i < n; ++i) {
-        bytes_t& e = a_[idx(i, match_[i])];
+        bytes_t& e = a_[idx(i, matching_.column(i))];
         e -= w;
         if (e == 0) {
-          flip_bit(&nz_[static_cast<std::size_t>(i) * words_], match_[i]);
-          flip_bit(free_.data(), match_[i]);
-          owner_[match_[i]] = -1;
-          match_[i] = -1;
+          matching_.toggle(i, matching_.column(i)); // the entry leaves the support
+          matching_.unmatch(i);
           broken_.push_back(i);
         }
       }
       for (int i : broken_)
-        if (!augment(i))
+        if (!matching_.augment(i))
           throw error("internal error: Birkhoff decomposition found no perfect matching "
                       "(the padded matrix is not doubly stochastic)");
     }
@@ -215,61 +304,19 @@ private:
     n_ = static_cast<int>(m.rows());
     line_ = detail::pad_to_line_sum(m, 1, a_, row_, col_);
     perm_.assign(n_, -1);
-    const std::size_t n = static_cast<std::size_t>(n_);
-    words_ = (n + 63) / 64;
-    nz_.assign(n * words_, 0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j) nz_[i * words_ + j / 64] |= static_cast<std::uint64_t>(a_[i * n + j] != 0) << (j % 64);
-  }
-
-  static void flip_bit(std::uint64_t* w, int j) noexcept { w[j / 64] ^= std::uint64_t{1} << (j % 64); }
-
-  // Kuhn's augmenting path from free row r, breadth-first so the repair touches few rows. A row's
-  // columns are taken in increasing order, and the search ends at the first free one: a word of
-  // columns at a time, over bit sets of each row's non-zero entries (nz_), the free columns and the
-  // columns reached.
-  bool augment(int r) {
-    const std::size_t W = words_;
-    std::uint64_t* seen = seen_.data();
-    std::fill_n(seen, W, 0);
-    int* queue = queue_.data();
-    std::size_t tail = 0;
-    queue[tail++] = r;
-    for (std::size_t q = 0; q < tail; ++q) {
-      const int i = queue[q];
-      const std::uint64_t* row = &nz_[static_cast<std::size_t>(i) * W];
-      for (std::size_t wd = 0; wd < W; ++wd) {
-        std::uint64_t fresh = row[wd] & ~seen[wd];
-        if (const std::uint64_t hit = fresh & free_[wd]; hit != 0) {
-          // The columns before it would only have queued their rows.
-          int j = static_cast<int>(wd * 64) + std::countr_zero(hit);
-          parent_[j] = i;
-          flip_bit(free_.data(), j);
-          while (j != -1) { // flip the path back to r
-            const int pi = parent_[j], next = match_[pi];
-            match_[pi] = j;
-            owner_[j] = pi;
-            j = pi == r ? -1 : next;
-          }
-          return true;
-        }
-        seen[wd] |= fresh;
-        for (; fresh != 0; fresh &= fresh - 1) {
-          const int j = static_cast<int>(wd * 64) + std::countr_zero(fresh);
-          parent_[j] = i;
-          queue[tail++] = owner_[j];
-        }
-      }
-    }
-    return false;
+    matching_.reset(n_); // the support of a_: its non-zero entries
+    for (int i = 0; i < n_; ++i)
+      for (int j = 0; j < n_; ++j)
+        if (a_[idx(i, j)] != 0) matching_.toggle(i, j);
   }
 
   int n_ = 0;
-  std::size_t words_ = 0;
   bytes_t line_ = 0;
   std::vector<bytes_t> a_, row_, col_;
-  std::vector<std::uint64_t> nz_, free_, seen_; // bit sets: each row's non-zero entries, free and reached columns
-  std::vector<int> match_, owner_, parent_, queue_, broken_;
+  // The matching over a_'s support, repaired by Kuhn's breadth-first search (so that the repair
+  // touches few rows) between stages.
+  detail::bit_matching matching_;
+  std::vector<int> broken_;
   std::vector<std::int32_t> perm_, sorted_p_;
   std::vector<std::size_t> order_;
   std::vector<bytes_t> sorted_w_;

@@ -53,15 +53,10 @@ public:
     if (line == 0) return;
     checked_mul(line, unit, "the quantised line sum"); // every weight is at most this
     const std::size_t n = static_cast<std::size_t>(n_);
-    words_ = (n + 63) / 64;
-    bits_.assign(n * words_, 0);
-    free_mask_.assign(words_, 0);
-    for (std::size_t j = 0; j < n; ++j) free_mask_[j / 64] |= std::uint64_t{1} << (j % 64);
-    seen_.resize(words_);
+    matching_.reset(n_); // no edges until the first search lowers theta
     heap_.resize(n * n);
     heap_size_.assign(n, 0);
     top_.assign(n, 0);
-    queue_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       waiting* h = &heap_[i * n];
       std::size_t k = 0;
@@ -71,30 +66,25 @@ public:
       heap_size_[i] = k;
       top_[i] = k > 0 ? h[0].value : 0;
     }
-    match_.assign(n, -1);
-    owner_.assign(n, -1);
-    parent_.resize(n);
     perm_.resize(n);
     theta_ = ~bytes_t{0}; // nothing is in the graph until the first search lowers theta
     for (int r = 0; r < n_; ++r) rematch(r);
     bytes_t remaining = line;
     for (;;) {
       const bytes_t w = theta_;
-      for (int i = 0; i < n_; ++i) perm_[i] = match_[i] == i ? -1 : match_[i];
+      for (int i = 0; i < n_; ++i) perm_[i] = matching_.column(i) == i ? -1 : matching_.column(i);
       out.add(w * unit, perm_);
       remaining -= w;
       if (remaining == 0) break;
       free_.clear();
       for (int i = 0; i < n_; ++i) {
-        const int j = match_[i];
+        const int j = matching_.column(i);
         bytes_t& e = at(i, j);
         e -= w;
         if (e >= theta_) continue;
-        owner_[j] = -1;
-        match_[i] = -1;
+        matching_.unmatch(i);
+        matching_.toggle(i, j); // below theta: out of the graph
         free_.push_back(i);
-        flip_bit(free_mask_.data(), j);
-        flip_bit(&bits_[static_cast<std::size_t>(i) * words_], j);
         if (e > 0) push(i, {e, j});
       }
       for (int r : free_) rematch(r);
@@ -114,7 +104,6 @@ private:
   };
 
   bytes_t& at(int i, int j) noexcept { return a_[static_cast<std::size_t>(i) * n_ + j]; }
-  static void flip_bit(std::uint64_t* w, int j) noexcept { w[j / 64] ^= std::uint64_t{1} << (j % 64); }
 
   void push(int i, waiting x) {
     waiting* h = &heap_[static_cast<std::size_t>(i) * n_];
@@ -130,10 +119,9 @@ private:
     for (int i = 0; i < n_; ++i) {
       if (top_[i] < v) continue;
       waiting* h = &heap_[static_cast<std::size_t>(i) * n_];
-      std::uint64_t* b = &bits_[static_cast<std::size_t>(i) * words_];
       std::size_t& k = heap_size_[i];
       while (k > 0 && h[0].value >= v) {
-        flip_bit(b, h[0].col);
+        matching_.toggle(i, h[0].col);
         std::pop_heap(h, h + k);
         --k;
       }
@@ -141,21 +129,15 @@ private:
     }
   }
 
-  // Matches free row r, lowering theta as far as it must.
+  // Matches free row r, lowering theta as far as it must. Most rows find a free column in their
+  // own row of the graph: no search needed.
   void rematch(int r) {
-    // Most rows find a free column in their own bit row: no search needed.
-    const std::uint64_t* b = &bits_[static_cast<std::size_t>(r) * words_];
-    for (std::size_t wd = 0; wd < words_; ++wd)
-      if (const std::uint64_t hit = b[wd] & free_mask_[wd]; hit != 0) {
-        const int j = static_cast<int>(wd * 64) + __builtin_ctzll(hit);
-        match_[r] = j;
-        owner_[j] = r;
-        flip_bit(free_mask_.data(), j);
-        return;
-      }
-    while (!augment(r)) {
+    if (matching_.take_free(r)) return;
+    for (;;) {
+      ++searches_;
+      if (matching_.augment(r)) return;
       bytes_t next = 0;
-      for (std::size_t q = 0; q < queued_; ++q) next = std::max(next, top_[queue_[q]]);
+      for (int q : matching_.reached()) next = std::max(next, top_[static_cast<std::size_t>(q)]);
       if (next == 0)
         throw error("internal error: bottleneck decomposition found no perfect matching "
                     "(the padded matrix is not doubly stochastic)");
@@ -163,65 +145,14 @@ private:
     }
   }
 
-  // Breadth-first augmenting path from free row r in the graph of entries >= theta, a word of
-  // columns at a time; stops at the first free column reached. queue_[0, queued_) keeps the rows
-  // reached (each at most once, so n slots suffice).
-  bool augment(int r) {
-    ++searches_;
-    const std::size_t words = words_;
-    std::uint64_t* seen = seen_.data();
-    const std::uint64_t* free_mask = free_mask_.data();
-    int* queue = queue_.data();
-    std::fill(seen, seen + words, 0);
-    std::size_t tail = 0;
-    queue[tail++] = r;
-    for (std::size_t q = 0; q < tail; ++q) {
-      const int i = queue_[q];
-      const std::uint64_t* b = &bits_[static_cast<std::size_t>(i) * words];
-      for (std::size_t wd = 0; wd < words; ++wd) {
-        std::uint64_t fresh = b[wd] & ~seen[wd];
-        if (fresh == 0) continue;
-        if (const std::uint64_t hit = fresh & free_mask[wd]; hit != 0) {
-          const int j = static_cast<int>(wd * 64) + __builtin_ctzll(hit);
-          parent_[j] = i;
-          flip(r, j);
-          flip_bit(free_mask_.data(), j);
-          return true;
-        }
-        seen[wd] |= fresh;
-        for (; fresh != 0; fresh &= fresh - 1) {
-          const int j = static_cast<int>(wd * 64) + __builtin_ctzll(fresh);
-          parent_[j] = i;
-          queue[tail++] = owner_[j];
-        }
-      }
-    }
-    queued_ = tail;
-    return false;
-  }
-
-  // Flips the augmenting path that ends at free column j back to row r.
-  void flip(int r, int j) {
-    for (;;) {
-      const int pi = parent_[j];
-      const int next = match_[pi];
-      match_[pi] = j;
-      owner_[j] = pi;
-      if (pi == r) return;
-      j = next;
-    }
-  }
-
   int n_ = 0;
-  std::size_t words_ = 0;
   bytes_t theta_ = 0;
   std::size_t searches_ = 0;
-  std::size_t queued_ = 0;
   std::vector<bytes_t> a_, row_, col_, top_;
-  std::vector<std::uint64_t> bits_, free_mask_, seen_;
+  detail::bit_matching matching_; // over the entries >= theta
   std::vector<waiting> heap_;
   std::vector<std::size_t> heap_size_;
-  std::vector<int> match_, owner_, parent_, free_, queue_;
+  std::vector<int> free_;
   std::vector<std::int32_t> perm_;
 };
 
