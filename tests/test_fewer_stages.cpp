@@ -602,9 +602,10 @@ stage_list plain_slack(const server_matrix& m) {
 }
 
 TEST_CASE("slack.the_bit_set_searches_find_the_stages_of_a_plain_search") {
-  // The decomposer searches with bit sets of reached nodes (a register up to 16 servers, words
-  // past 32) and lowers its threshold straight to the best capacity left unreached: the same
-  // stages, weights and permutations, as the plain search, on 1 to 70 servers.
+  // The decomposer searches with bit sets of reached nodes (a register up to 16 servers, several
+  // words past 32) and, where a search fails, lowers its threshold to the best capacity left
+  // unreached when it ended: the same stages, weights and permutations as the plain search, on 1
+  // to 70 servers.
   std::mt19937_64 rng(2026);
   slack_decomposer sl;
   stage_list out;
