@@ -594,7 +594,9 @@ private:
     const std::size_t W = Few ? 1 : reached_.size();
     std::uint64_t* reached = Few ? &one : reached_.data();
     int* queue = queue_.data();
-    auto bit = [](int v) { return std::uint64_t{1} << (Few ? static_cast<unsigned>(v) : static_cast<unsigned>(v) % 64); };
+    auto bit = [](int v) {
+      return std::uint64_t{1} << (Few ? static_cast<unsigned>(v) : static_cast<unsigned>(v) % 64);
+    };
     auto word = [](int v) { return Few ? 0 : static_cast<std::size_t>(static_cast<unsigned>(v) / 64); };
     for (;;) {
       const bytes_t theta = theta_;
@@ -630,20 +632,23 @@ private:
           }
         } else {
           for (std::size_t k = 0; k < W; ++k) {
-          // Right nodes 64 k ... 64 k + 63: columns below n, idle row nodes from n on.
-          const int lo = static_cast<int>(k * 64), hi = std::min(N, lo + 64);
-          std::uint64_t edges = 0;
-          if (x < n) {
-            const bytes_t* c = cap_.data() + idx(x, 0);
-            for (int v = lo; v < std::min(hi, n); ++v) edges |= static_cast<std::uint64_t>(c[v] >= theta) << (v - lo);
-            if (n + x >= lo && n + x < hi) edges |= static_cast<std::uint64_t>(srow_[static_cast<std::size_t>(x)] >= theta) << (n + x - lo);
-          } else {
-            const int j = x - n;
-            if (j >= lo && j < hi) edges |= static_cast<std::uint64_t>(scol_[static_cast<std::size_t>(j)] >= theta) << (j - lo);
-            edges |= idle_[k]; // unbounded
-          }
-          for (std::uint64_t todo = edges & ~reached[k]; todo != 0; todo &= todo - 1)
-            if (reach(x, lo + std::countr_zero(todo))) return;
+            // Right nodes 64 k ... 64 k + 63: columns below n, idle row nodes from n on.
+            const int lo = static_cast<int>(k * 64), hi = std::min(N, lo + 64);
+            std::uint64_t edges = 0;
+            if (x < n) {
+              const bytes_t* c = cap_.data() + idx(x, 0);
+              for (int v = lo; v < std::min(hi, n); ++v)
+                edges |= static_cast<std::uint64_t>(c[v] >= theta) << (v - lo);
+              if (n + x >= lo && n + x < hi)
+                edges |= static_cast<std::uint64_t>(srow_[static_cast<std::size_t>(x)] >= theta) << (n + x - lo);
+            } else {
+              const int j = x - n;
+              if (j >= lo && j < hi)
+                edges |= static_cast<std::uint64_t>(scol_[static_cast<std::size_t>(j)] >= theta) << (j - lo);
+              edges |= idle_[k]; // unbounded
+            }
+            for (std::uint64_t todo = edges & ~reached[k]; todo != 0; todo &= todo - 1)
+              if (reach(x, lo + std::countr_zero(todo))) return;
           }
         }
       }
