@@ -1,6 +1,5 @@
 // The conformance suite on the host transport (ranks as threads), without and with random delays
 // injected before every transport operation.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <string>

@@ -1,6 +1,5 @@
 // The cost model: lower bounds, predictions, and the one scale-out model (scaleout_model) that
 // predictions, the planner's direct fallback and the decomposers all price stages with.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Properties of the decomposers that make fewer stages: bottleneck and slack (exact) and quantised.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <algorithm>
@@ -20,12 +20,11 @@
 #include "fasta2a/verify.hpp"
 
 using namespace fasta2a;
+using fasta2a::testing::megatron;
+using fasta2a::testing::have_megatron;
+using fasta2a::testing::check_plan;
 
 namespace {
-
-const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
-
-bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 // A seeded traffic matrix of S x 8 ranks for the plan sweeps: kind 0 Zipf, 1 hot-spot, 2 uniform,
 // 3 dense with uneven server pairs (random GPU entries, each block scaled by its own factor).
@@ -120,13 +119,6 @@ coverage_report check_stages(const server_matrix& m, const stage_list& out) {
 }
 
 std::size_t birkhoff_bound(int S) { return static_cast<std::size_t>(S) * S - 2 * static_cast<std::size_t>(S) + 2; }
-
-void check_plan(const plan& p, const traffic_matrix& t, bool exact) {
-  const verify_result r = verify(p, t, {.exact_lower_bound = exact});
-  INFO(r.error);
-  REQUIRE(r.ok);
-}
-
 } // namespace
 
 TEST_CASE("fewer_stages.concepts") {

@@ -2,9 +2,9 @@
 // numbers, json_writer), the plan writer, and the reader (plan_reader.hpp) that rebuilds plans and
 // rejects documents whose hops are not the library's routes. Written JSON is checked with an
 // independent parser, nlohmann-json.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <fasta2a/json.hpp> // the compatibility header: both of the two below
@@ -36,12 +36,10 @@
 #include <unistd.h>
 
 using namespace fasta2a;
+using fasta2a::testing::contains;
+using fasta2a::testing::megatron;
 
 namespace {
-
-const std::string megatron = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// The message read_plan_json throws for `doc`, or "" if it accepts it.
 std::string read_error(const std::string& doc, plan_read_options opt = {}) {
@@ -173,7 +171,6 @@ const std::string base_doc = R"({"format": "fasta2a.plan.v1",
  ]
 }
 )";
-
 } // namespace
 
 TEST_CASE("json.base_document.is_accepted") {

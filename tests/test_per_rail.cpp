@@ -2,9 +2,9 @@
 // matrix decomposed on its own. Plans verified whole and as rank views on many seeded matrices,
 // views equal to the whole plan for their rank, the automatic choice the faster one in the model,
 // and the verifier's per-rail checks able to fail.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "fasta2a/verify.hpp"
 
 using namespace fasta2a;
+using fasta2a::testing::rank_work;
 
 namespace {
 
@@ -41,13 +42,6 @@ traffic_matrix some_matrix(std::mt19937_64& rng, rank_t n) {
     return m;
   }
   }
-}
-
-std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
-  std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> w;
-  for (std::size_t t = 0; t < p.op_stages(); ++t)
-    for (const rank_op& op : p.ops(r, t)) w.push_back({t, {op.kind, p.pieces[op.piece]}});
-  return w;
 }
 
 // Every property a per-rail plan of t must have, whole and as every rank's view.
@@ -92,7 +86,6 @@ void check_per_rail(Planner& pl, const traffic_matrix& t, bool exact) {
   CHECK(again.pieces == whole.pieces);
   CHECK(again.rail_perm == whole.rail_perm);
 }
-
 } // namespace
 
 TEST_CASE("per_rail.plans_verify_and_views_match_on_random_matrices") {

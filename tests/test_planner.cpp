@@ -1,8 +1,8 @@
 // Properties of the FAST planner and its decomposers. The cost model, the verifier and the
 // topologies have their own test programs (test_cost_model, test_verify, test_topology).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <algorithm>
@@ -16,6 +16,10 @@
 #include "fasta2a/verify.hpp"
 
 using namespace fasta2a;
+using fasta2a::testing::megatron;
+using fasta2a::testing::have_megatron;
+using fasta2a::testing::check_plan;
+using fasta2a::testing::rank_work;
 
 namespace {
 
@@ -25,10 +29,6 @@ struct not_a_decomposer {
   static constexpr bool staged = true;
   static constexpr bool exact = true;
 };
-
-const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
-
-bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 traffic_matrix granule_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granule);
 
@@ -85,13 +85,6 @@ traffic_matrix granule_case(std::mt19937_64& rng, rank_t n, int G, bytes_t granu
   }
   }
 }
-
-void check_plan(const plan& p, const traffic_matrix& t, bool exact) {
-  const verify_result r = verify(p, t, {.exact_lower_bound = exact});
-  INFO(r.error);
-  REQUIRE(r.ok);
-}
-
 } // namespace
 
 TEST_CASE("concepts.decomposer_fixtures") {
@@ -587,16 +580,6 @@ TEST_CASE("planner.bad_input_is_refused_with_a_clear_error") {
                        doctest::Contains("scratch"), plan_too_large);
   CHECK_NOTHROW(make_plan(two_tier_topology(64, 1), traffic_matrix::Zero(64, 64), {.max_plan_bytes = 300000}));
 }
-
-namespace {
-// What rank r does in a plan: per stage, its ops with the full content of each piece.
-std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
-  std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> w;
-  for (std::size_t t = 0; t < p.op_stages(); ++t)
-    for (const rank_op& op : p.ops(r, t)) w.push_back({t, {op.kind, p.pieces[op.piece]}});
-  return w;
-}
-} // namespace
 
 TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
   std::mt19937_64 rng(404);

@@ -3,7 +3,6 @@
 // runner may use: posts, starts, then stage by stage), so the properties hold independently of any
 // transport: every byte lands where MPI_Alltoallv would put it, nothing else is written, every put
 // meets exactly one expect with the same bytes, and coalescing never merges what is not contiguous.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "workloads.hpp"

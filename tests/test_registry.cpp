@@ -1,6 +1,5 @@
 // Tests for fasta2a/registry.hpp: decomposer names become the right types, configured from
 // decomposer_params, and a wrong name or parameter is a clear error.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <fasta2a/planner.hpp>

@@ -2,7 +2,6 @@
 // and refuse what does not fit, chunks cover a put exactly, watermarks and signal tracks agree
 // with a plain model under completions in random orders, connection tables count signals apart
 // (also for connections not made yet). Runs anywhere: no RDMA library is involved.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // one process (contents checked, many sizes), the engine started through it, and every start-up
 // and allgather failure between real processes (fork): each must end on every rank with an error
 // that names the problem, within the timeout (plus the grace a non-root rank waits for the root).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <fasta2a/engine.hpp>

@@ -1,5 +1,4 @@
 // The topologies (rank mapping, link figures, presets) and the scale-out model they carry.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // Tests for fasta2a/traffic.hpp: trace readers, check_traffic and the synthetic generators.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <fasta2a/traffic.hpp>
@@ -22,12 +22,11 @@
 using fasta2a::bytes_t;
 using fasta2a::rank_t;
 using fasta2a::traffic_matrix;
+using fasta2a::testing::contains;
+using fasta2a::testing::megatron;
+using fasta2a::testing::have_megatron;
 
 namespace {
-
-const std::string megatron = FASTA2A_WORKLOADS_DIR "/megatron-4n-32gpu.txt";
-
-bool have_megatron() { return fasta2a::testing::have_workload(megatron); }
 
 /// A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class temp_dir {
@@ -88,10 +87,6 @@ std::string error_of(F&& f) {
   return {};
 }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 bool all_multiples(const traffic_matrix& m, bytes_t granule) {
   for (Eigen::Index i = 0; i < m.rows(); ++i)
     for (Eigen::Index j = 0; j < m.cols(); ++j)
@@ -123,7 +118,6 @@ double max_column_share(const traffic_matrix& m) {
 const std::vector<rank_t> sizes = {1, 2, 4, 7, 16, 32};
 const std::vector<bytes_t> granules = {1, 64, 4096};
 const std::vector<bytes_t> byte_counts = {0, 1, 4095, 1u << 20, 123456789};
-
 } // namespace
 
 // ----------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The verifier: every kind of broken plan it exists to catch is caught, and named.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+
+#include "checks.hpp"
 
 #include <algorithm>
 #include <map>
@@ -12,16 +13,7 @@
 #include "fasta2a/verify.hpp"
 
 using namespace fasta2a;
-
-namespace {
-
-void check_plan(const plan& p, const traffic_matrix& t, bool exact) {
-  const verify_result r = verify(p, t, {.exact_lower_bound = exact});
-  INFO(r.error);
-  REQUIRE(r.ok);
-}
-
-} // namespace
+using fasta2a::testing::check_plan;
 
 TEST_CASE("verify.catches_broken_plans") {
   const auto t = zipf_traffic(32, 1.0, 1 << 16, 5);

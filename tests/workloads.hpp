@@ -25,4 +25,10 @@ inline bool have_workload(const std::string& path) {
   return false;
 }
 
+/// The Megatron-LM trace (600 matrices of 32 x 32 ranks, in tokens of 8 KiB).
+inline const std::string megatron = std::string(FASTA2A_WORKLOADS_DIR) + "/megatron-4n-32gpu.txt";
+
+/// have_workload(megatron).
+inline bool have_megatron() { return have_workload(megatron); }
+
 } // namespace fasta2a::testing
