@@ -63,9 +63,9 @@ case $kind in
     # and every report that names a libfabric frame is suppressed (its provider threads synchronise
     # in ways TSan does not see), so in its tcp world (121 s under TSan in CI, the job's largest
     # test, 0 reports) TSan sees only code that the host and MPI runs check too; the ASan job runs
-    # three of its five worlds (above). Not the GPU stand-in: its streams are threads that poll, and under
-    # TSan (GCC) its conformance run took more than 8 minutes of CPU per world on these 2 cores
-    # without finishing (`tests/sanitize.sh tsan` with FASTA2A_TSAN_GPU=1 adds it back).
+    # three of its five worlds (above). Not the GPU stand-in: its streams are threads that poll,
+    # and under TSan (GCC) its conformance run took more than 8 minutes of CPU per world on these 2
+    # cores without finishing (`tests/sanitize.sh tsan` with FASTA2A_TSAN_GPU=1 adds it back).
     targets=(test_host test_mpi test_conformance_mpi)
     include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)'
     # Of the MPI transport's own worlds, those of 2 and 4 ranks over shared memory: the one-rank

@@ -1,5 +1,6 @@
 # ctest driver: install fasta2a from the build tree into a scratch prefix, then configure, build
-# and run a consumer project against it (find_package), and again through add_subdirectory.
+# and run a consumer project against it (find_package), and again through add_subdirectory (the
+# component consumers there configured only: below).
 # Inputs: -DBUILD_DIR=<fasta2a build> -DSOURCE_DIR=<fasta2a source> -DWORK=<scratch dir>
 #         -DCONSUMER=core|host|mpi (default core: tests/consumer; host, mpi: tests/consumer/<name>)
 #         -DLAUNCH=<launcher, words separated by |> to run the program under (mpiexec -n 4 ...)
@@ -41,6 +42,13 @@ foreach(mode IN ITEMS package subdirectory)
     set(extra "-DFASTA2A_SOURCE_DIR=${SOURCE_DIR}")
   endif()
   step(${CMAKE_COMMAND} -S "${project_dir}" -B "${WORK}/${mode}" ${extra})
+  # The component consumers (host, mpi) through add_subdirectory: configured and generated, which
+  # fails where fasta2a::host or fasta2a::mpi is not a target, but not built and run again: the same
+  # source was built and run against the package, and the core consumer builds and runs both ways.
+  # (Each build of a component consumer compiles the engine: about 10 s on 2 cores.)
+  if(mode STREQUAL "subdirectory" AND NOT CONSUMER STREQUAL "core")
+    break()
+  endif()
   step(${CMAKE_COMMAND} --build "${WORK}/${mode}")
   step(${launch} "${WORK}/${mode}/${program}")
 endforeach()
