@@ -86,7 +86,7 @@ M = [
          targets=["test_planning"], args=["--source-file=*/test_verify.cpp"]),
     dict(id="verify-rail-load-equal-weight-refused", file="include/fasta2a/verify.hpp",
          old="if (sum > p.weight(st, static_cast<int>(k % G)))", new="if (sum > p.weight(st, static_cast<int>(k % G)) + 1)",
-         a="k % G)))", b="k % G)) + 1)",
+         a="sum > p.weight(st, static_cast<int>(k % G))", b="sum > p.weight(st, static_cast<int>(k % G)) + 1",
          targets=["test_planning"], args=["--source-file=*/test_verify.cpp"]),
     dict(id="verify-gap-unchecked", file="include/fasta2a/verify.hpp",
          old="if (pc.offset != off) return fail(", new="if (pc.offset < off) return fail(",
