@@ -1,5 +1,6 @@
 // Properties of the FAST planner and its decomposers. The cost model, the verifier and the
-// topologies have their own test programs (test_cost_model, test_verify, test_topology).
+// topologies have suite files of their own (test_cost_model.cpp, test_verify.cpp,
+// test_topology.cpp), built with this one into the test_planning program (test_planning.cpp).
 #include <doctest/doctest.h>
 
 #include "checks.hpp"
