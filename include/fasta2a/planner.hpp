@@ -1056,20 +1056,33 @@ private:
   // baseline: one piece each, no rail.
   void emit_unstaged_pair(const traffic_view& t, plan& p, int s, int d) {
     const int G = gpus();
-    for (int a = 0; a < G; ++a)
-      for (int b = 0; b < G; ++b) {
-        rank_t src = s * G + a, dst = d * G + b;
-        bytes_t v = at(t, src, dst);
-        open_message(p, src, dst);
-        if (v > 0 && (p.view < 0 || src == p.view || dst == p.view)) {
-          piece pc{src, dst, 0, v, 0, -1, no_staging, no_staging};
-          index_.add(pc);
-          p.pieces.push_back(pc);
-          if (s == d && a != b)
-            p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, v, "the plan's scale-up bytes");
-        }
-        close_message(p, src, dst);
+    auto message = [&](int a, int b) FASTA2A_INLINE {
+      const rank_t src = s * G + a, dst = d * G + b;
+      const bytes_t v = at(t, src, dst);
+      open_message(p, src, dst);
+      if (v > 0) {
+        piece pc{src, dst, 0, v, 0, -1, no_staging, no_staging};
+        index_.add(pc);
+        p.pieces.push_back(pc);
+        if (s == d && a != b)
+          p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, v, "the plan's scale-up bytes");
       }
+      close_message(p, src, dst);
+    };
+    if (p.view < 0) {
+      for (int a = 0; a < G; ++a)
+        for (int b = 0; b < G; ++b) message(a, b);
+      return;
+    }
+    // A view's messages of the block, in the whole plan's order: its row where it sends (s is its
+    // server), its column where it receives (d is).
+    const int m = p.view % G;
+    const bool sends = s == p.view / G, receives = d == p.view / G;
+    for (int a = 0; a < G; ++a)
+      if (sends && a == m)
+        for (int b = 0; b < G; ++b) message(a, b);
+      else if (receives)
+        message(a, m);
   }
 
   // Phase 1 for server pair (s, d), then the pieces, each rail filling the pair's stages in order.
