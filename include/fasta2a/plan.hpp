@@ -215,15 +215,18 @@ namespace detail {
 /// which turns the rank arithmetic into shifts on the planner's hot path.
 template <int SG = 0, class F>
 FASTA2A_INLINE inline void for_each_op(const plan& p, const piece& pc, F&& f) {
-  const int G = SG > 0 ? SG : p.gpus_per_server;
+  // Ranks are not negative: unsigned division by G is a shift where G is a power of two.
+  const auto G = static_cast<std::uint32_t>(SG > 0 ? SG : p.gpus_per_server);
+  const auto src = static_cast<std::uint32_t>(pc.src), dst = static_cast<std::uint32_t>(pc.dst);
   if (pc.src == pc.dst) {
     f(pc.src, std::size_t{0}, op_kind::self_copy);
   } else if (pc.rail < 0) {
-    const bool intra = pc.src / G == pc.dst / G;
+    const bool intra = src / G == dst / G;
     f(pc.src, std::size_t{0}, intra ? op_kind::intra_send : op_kind::direct_send);
     f(pc.dst, std::size_t{0}, intra ? op_kind::intra_recv : op_kind::direct_recv);
   } else {
-    const rank_t a = pc.src / G * G + pc.rail, b = pc.dst / G * G + pc.rail;
+    const auto a = static_cast<rank_t>(src / G * G + static_cast<std::uint32_t>(pc.rail));
+    const auto b = static_cast<rank_t>(dst / G * G + static_cast<std::uint32_t>(pc.rail));
     const std::size_t t = static_cast<std::size_t>(pc.stage);
     if (a != pc.src) {
       f(pc.src, t, op_kind::balance_send);

@@ -1157,9 +1157,6 @@ private:
         seen_.resize(W);
       }
       std::fill_n(nz_.begin(), static_cast<std::size_t>(G) * W, 0);
-      std::fill_n(room_.begin(), W, 0);
-      for (int k = 0; k < G; ++k)
-        if (res[k] > 0) set_bit(room_, 0, k);
       for (int u = 0; u < G; ++u)
         for (int w = u + 1; w < G; ++w) {
           bytes_t uw = B(u, w), wu = B(w, u);
@@ -1172,7 +1169,6 @@ private:
             res[w] -= uw + wu - on_u;
             continue;
           }
-          y[u * G + w] = y[w * G + u] = 0;
           // Each message on its sender's rail, then what is left of u -> w on w's rail and of the
           // pair on u's: four amounts, placed as two.
           const bytes_t x1 = bmin(uw, res[u]), x2 = bmin(wu, res[w]);
@@ -1389,9 +1385,10 @@ private:
   }
 
   // Phase 1's flow keeps, besides y and res, bit sets of G bits (W words each): nz_ row x has bit z
-  // where y(x, z) > 0 (pair {x, z} has bytes on rail x that could move to rail z), room_ has bit
-  // z where rail z has capacity left. The augmenting search then visits a rail's movable
-  // neighbours a word at a time instead of testing every rail.
+  // where y(x, z) > 0 (pair {x, z} has bytes on rail x that could move to rail z). Each search
+  // makes the set of rails with capacity left (room_, or a register for 8 rails) from res: the
+  // greedy placement changes res twice a pair, and only a few pairs search. The augmenting search
+  // then visits a rail's movable neighbours a word at a time instead of testing every rail.
   static constexpr int bits = 64;
   std::size_t words() const noexcept { return (static_cast<std::size_t>(gpus()) + bits - 1) / bits; }
   // (Rails are not negative: unsigned division by 64 is a shift, signed is not.)
@@ -1410,14 +1407,13 @@ private:
     return b ^ ((a ^ b) & -static_cast<bytes_t>(a < b));
   }
 
-  // y(x, o) += amount: pair {x, o} places `amount` more bytes on rail x.
-  // Branch-free: whether amount is 0, or fills the rail, depends on the data.
+  // y(x, o) = amount: pair {x, o} places `amount` bytes on rail x (its first placement).
+  // Branch-free: whether amount is 0 depends on the data.
   FASTA2A_INLINE void place(int x, int o, bytes_t amount, int G) {
-    y_[x * G + o] += amount;
+    y_[x * G + o] = amount;
     const auto ux = static_cast<unsigned>(x), uo = static_cast<unsigned>(o);
     nz_[ux * words() + uo / bits] |= static_cast<std::uint64_t>(amount != 0) << (uo % bits);
-    const bytes_t left = res_[x] -= amount;
-    room_[ux / bits] &= ~(static_cast<std::uint64_t>(left == 0) << (ux % bits));
+    res_[x] -= amount;
   }
 
   // Augmenting paths over rails for `left` bytes of pair {u, w} whose own rails are full: shift
@@ -1430,6 +1426,9 @@ private:
     }
     const std::size_t W = words();
     while (left > 0) {
+      std::fill(room_.begin(), room_.end(), 0);
+      for (int k = 0; k < G; ++k)
+        if (res_[k] > 0) set_bit(room_, 0, k);
       std::fill(seen_.begin(), seen_.end(), 0);
       set_bit(seen_, 0, u);
       set_bit(seen_, 0, w);
@@ -1467,7 +1466,7 @@ private:
         y_[z * G + x] += amt;
         set_bit(nz_, static_cast<std::size_t>(z), x);
       }
-      if ((res_[found] -= amt) == 0) clear_bit(room_, 0, found);
+      res_[found] -= amt;
       const int other = start == u ? w : u;
       y_[start * G + other] += amt;
       set_bit(nz_, static_cast<std::size_t>(start), other);
@@ -1495,7 +1494,8 @@ private:
   FASTA2A_INLINE void augment_small(int u, int w, bytes_t& left, int G) {
     std::uint8_t q[24], from[24]; // every rail is queued at most once; a step writes 8 past tail
     while (left > 0) {
-      const std::uint64_t room = room_[0];
+      std::uint64_t room = 0; // the rails with room left
+      for (int k = 0; k < G; ++k) room |= static_cast<std::uint64_t>(res_[k] != 0) << k;
       std::uint64_t seen = (std::uint64_t{1} << u) | (std::uint64_t{1} << w);
       q[0] = static_cast<std::uint8_t>(u);
       q[1] = static_cast<std::uint8_t>(w);
@@ -1530,7 +1530,7 @@ private:
           break;
         }
       }
-      if ((res_[found] -= amt) == 0) clear_bit(room_, 0, found);
+      res_[found] -= amt;
       const int other = start == u ? w : u;
       y_[start * G + other] += amt;
       set_bit(nz_, static_cast<std::size_t>(start), other);
