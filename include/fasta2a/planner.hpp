@@ -1168,33 +1168,54 @@ private:
         seen_.resize(W);
       }
       std::fill_n(nz_.begin(), static_cast<std::size_t>(G) * W, 0);
-      for (int u = 0; u < G; ++u)
+      for (int u = 0; u < G; ++u) {
+        // Rail u's room and, up to 64 rails, its row of nz_ stay in registers through its pairs,
+        // written back before a search (which reads and changes them) and at the end: updated in
+        // memory, every pair waited for the store of the pair before it.
+        bytes_t ru = res[u];
+        std::uint64_t nzu = 0;
         for (int w = u + 1; w < G; ++w) {
-          bytes_t uw = B(u, w), wu = B(w, u);
+          const bytes_t uw = B(u, w), wu = B(w, u);
           if (fits_[u] || fits_[w]) {
             const bool both = fits_[u] && fits_[w];
             const bytes_t on_u = both ? uw : fits_[u] ? uw + wu : 0;
             y[u * G + w] = on_u;
             y[w * G + u] = uw + wu - on_u;
-            res[u] -= on_u;
+            ru -= on_u;
             res[w] -= uw + wu - on_u;
             continue;
           }
           // Each message on its sender's rail, then what is left of u -> w on w's rail and of the
-          // pair on u's: four amounts, placed as two.
-          const bytes_t x1 = bmin(uw, res[u]), x2 = bmin(wu, res[w]);
+          // pair on u's: four amounts, placed as two (the pair's first placement: y(u, w) and
+          // y(w, u), and nz_ where they are not 0, without branches).
+          const bytes_t x1 = bmin(uw, ru), x2 = bmin(wu, res[w]);
           const bytes_t x3 = bmin(uw + wu - x1 - x2, res[w] - x2);
           bytes_t left = uw + wu - x1 - x2 - x3;
-          const bytes_t x4 = bmin(left, res[u] - x1);
+          const bytes_t x4 = bmin(left, ru - x1);
           left -= x4;
-          place(u, w, x1 + x4, G);
-          place(w, u, x2 + x3, G);
-          if (left > 0) augment(u, w, left, G);
+          const bytes_t on_u = x1 + x4, on_w = x2 + x3;
+          y[u * G + w] = on_u;
+          y[w * G + u] = on_w;
+          ru -= on_u;
+          res[w] -= on_w;
+          const auto uu = static_cast<unsigned>(u), uv = static_cast<unsigned>(w);
+          nz_[uv * W + uu / bits] |= static_cast<std::uint64_t>(on_w != 0) << (uu % bits);
+          if (W == 1) nzu |= static_cast<std::uint64_t>(on_u != 0) << uv;
+          else nz_[uu * W + uv / bits] |= static_cast<std::uint64_t>(on_u != 0) << (uv % bits);
+          if (left > 0) {
+            res[u] = ru;
+            nz_[uu * W] |= std::exchange(nzu, 0); // 0 past one word
+            augment(u, w, left, G);
+            ru = res[u];
+          }
           if (left > 0 && view) {
             set_bit(over_, static_cast<std::size_t>(u), w);
             set_bit(over_, static_cast<std::size_t>(w), u);
           }
         }
+        res[u] = ru;
+        nz_[static_cast<std::size_t>(u) * W] |= nzu;
+      }
     }
 
     // Pieces, message by message; each rail's position advances through the pair's stages.
@@ -1416,15 +1437,6 @@ private:
   // goes either way with the data, and a compiler may branch on std::min.
   static FASTA2A_INLINE bytes_t bmin(bytes_t a, bytes_t b) noexcept {
     return b ^ ((a ^ b) & -static_cast<bytes_t>(a < b));
-  }
-
-  // y(x, o) = amount: pair {x, o} places `amount` bytes on rail x (its first placement).
-  // Branch-free: whether amount is 0 depends on the data.
-  FASTA2A_INLINE void place(int x, int o, bytes_t amount, int G) {
-    y_[x * G + o] = amount;
-    const auto ux = static_cast<unsigned>(x), uo = static_cast<unsigned>(o);
-    nz_[ux * words() + uo / bits] |= static_cast<std::uint64_t>(amount != 0) << (uo % bits);
-    res_[x] -= amount;
   }
 
   // Augmenting paths over rails for `left` bytes of pair {u, w} whose own rails are full: shift
