@@ -1304,13 +1304,18 @@ private:
     const bytes_t end = pos + bytes;
     railpos_[k] = end;
     // A byte may take two scale-up hops, so this can pass 2^64 where the matrix did not.
+    // One test for the piece's 0, 1 or 2 hops, the error out of line.
     if (mine) {
-      const int hops = (src != rs) + (rd != dst);
-      for (int h = 0; h < hops; ++h)
-        p.scaleup_bytes = detail::checked_add(p.scaleup_bytes, bytes, "the plan's scale-up bytes");
+      const auto hops = static_cast<bytes_t>((src != rs) + (rd != dst));
+      bytes_t add = 0, sum = 0;
+      if (__builtin_mul_overflow(bytes, hops, &add) || __builtin_add_overflow(p.scaleup_bytes, add, &sum))
+        scaleup_overflow();
+      p.scaleup_bytes = sum;
     }
-    bytes_t& cum = used_[k]; // cumulative weight through the rail's current stage
-    std::size_t& cursor = cursor_[k];
+    // The cumulative weight through the rail's current stage, and the stage: in registers, written
+    // back at the end (a piece's stores could alias them, so in memory each piece reloaded them).
+    bytes_t cum = used_[k];
+    std::size_t cursor = cursor_[k];
     while (pos < end) {
       while (cum <= pos) {
         if (cursor >= c.nstages) rail_overflow(k, c.s, c.d);
@@ -1330,6 +1335,8 @@ private:
       pos += x;
       off += x;
     }
+    used_[k] = cum;
+    cursor_[k] = cursor;
   }
 
   // A rank's view of server pair (s, d), which touches its server: the pieces of its own messages
@@ -1410,6 +1417,9 @@ private:
   [[noreturn, gnu::cold, gnu::noinline]] static void rail_overflow(int k, int s, int d) {
     throw error("internal error: rail " + std::to_string(k) + " of server pair (" + std::to_string(s) + ", " +
                 std::to_string(d) + ") ran out of stages");
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void scaleup_overflow() {
+    throw error("byte count overflows 64 bits: the plan's scale-up bytes"); // as detail::checked_add
   }
   [[noreturn, gnu::cold, gnu::noinline]] static void pair_overflow(int s, int d) {
     throw error("internal error: server pair (" + std::to_string(s) + ", " + std::to_string(d) +
