@@ -582,6 +582,38 @@ TEST_CASE("planner.bad_input_is_refused_with_a_clear_error") {
   CHECK_NOTHROW(make_plan(two_tier_topology(64, 1), traffic_matrix::Zero(64, 64), {.max_plan_bytes = 300000}));
 }
 
+TEST_CASE("planner.scale_up_bytes_past_64_bits_are_refused") {
+  // One message from GPU 0 of server 0 to GPU 0 of server 1: its own rail takes 1/8 of it, and the
+  // rest spills onto the seven other rails, two scale-up hops a byte. So the plan's scale-up bytes
+  // are 7/4 of the message, which passes 2^64 from 4/7 of 2^64 on while the matrix sums fine.
+  const bytes_t unit = bytes_t{1} << 58; // 1/64 of 2^64
+  auto matrix = [](bytes_t v) {
+    traffic_matrix t = traffic_matrix::Zero(16, 16);
+    t(0, 8) = v;
+    return t;
+  };
+  auto both = [&](const auto& topo) {
+    CAPTURE(topo.gpus_per_server());
+    for (bytes_t k : {bytes_t{37}, bytes_t{40}, bytes_t{63}}) { // past 4/7 of 2^64 (36.6 units)
+      CAPTURE(k);
+      const traffic_matrix t = matrix(k * unit);
+      CHECK_THROWS_WITH_AS(make_plan(topo, t), doctest::Contains("scale-up bytes"), error);
+      CHECK_THROWS_WITH_AS(planner<std::decay_t<decltype(topo)>>(topo).make_rank(t, 0),
+                           doctest::Contains("scale-up bytes"), error);
+    }
+    for (bytes_t k : {bytes_t{8}, bytes_t{32}, bytes_t{36}}) { // below: 7/4 of it
+      CAPTURE(k);
+      const traffic_matrix t = matrix(k * unit);
+      const plan p = make_plan(topo, t);
+      CHECK(p.scaleup_bytes == k * unit / 4 * 7);
+      CHECK(verify(p, t).ok);
+      CHECK(planner<std::decay_t<decltype(topo)>>(topo).make_rank(t, 0).scaleup_bytes == k * unit / 4 * 7);
+    }
+  };
+  both(h200_cluster(2));            // 8 GPUs known at compile time
+  both(two_tier_topology(2, 8));    // and at run time
+}
+
 TEST_CASE("planner.rank_view_equals_the_whole_plan_for_that_rank") {
   std::mt19937_64 rng(404);
   for (int iter = 0; iter < 120; ++iter) {
