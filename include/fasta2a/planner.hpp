@@ -1186,14 +1186,15 @@ private:
             continue;
           }
           // Each message on its sender's rail, then what is left of u -> w on w's rail and of the
-          // pair on u's: four amounts, placed as two (the pair's first placement: y(u, w) and
-          // y(w, u), and nz_ where they are not 0, without branches).
-          const bytes_t x1 = bmin(uw, ru), x2 = bmin(wu, res[w]);
-          const bytes_t x3 = bmin(uw + wu - x1 - x2, res[w] - x2);
-          bytes_t left = uw + wu - x1 - x2 - x3;
-          const bytes_t x4 = bmin(left, ru - x1);
-          left -= x4;
-          const bytes_t on_u = x1 + x4, on_w = x2 + x3;
+          // pair on u's: four amounts x1 = min(uw, ru), x2 = min(wu, rw), x3 = min(uw + wu - x1
+          // - x2, rw - x2), x4 = min(what is left, ru - x1), placed as two, which sum to the three
+          // minima below (x2 + x3 = min(uw + wu - x1, rw), x1 + x4 = min(uw + wu - that, ru)):
+          // fewer steps for rail u's room to wait on from one pair to the next. The pair's first
+          // placement sets y(u, w) and y(w, u), and nz_ where they are not 0, without branches.
+          const bytes_t sum = uw + wu, x1 = bmin(uw, ru);
+          const bytes_t on_w = bmin(sum - x1, res[w]);
+          const bytes_t on_u = bmin(sum - on_w, ru);
+          bytes_t left = sum - on_w - on_u;
           y[u * G + w] = on_u;
           y[w * G + u] = on_w;
           ru -= on_u;
