@@ -221,6 +221,43 @@ private:
   std::vector<int> match_, owner_, parent_, queue_;
 };
 
+/// Puts a decomposer's stages heaviest first, ties in decomposition order (a stable sort), with
+/// its buffers reused across calls: an executor keeps a window of stages in flight, and a light
+/// stage between heavy ones leaves the busiest server's NICs idle (measured on the emulated
+/// cluster). The order changes neither the weights' sum nor the pairs' coverage.
+class heaviest_first {
+public:
+  void operator()(stage_list& out) {
+    const std::size_t T = out.size(), S = static_cast<std::size_t>(out.servers);
+    order_.resize(T);
+    for (std::size_t t = 0; t < T; ++t) order_[t] = t;
+    const bytes_t* w = out.weights.data();
+    if (T <= 32) { // an insertion sort (stable: it passes only lighter stages): no buffer to allocate
+      for (std::size_t t = 1; t < T; ++t) {
+        const std::size_t x = order_[t];
+        std::size_t i = t;
+        for (; i > 0 && w[order_[i - 1]] < w[x]; --i) order_[i] = order_[i - 1];
+        order_[i] = x;
+      }
+    } else {
+      std::stable_sort(order_.begin(), order_.end(), [w](std::size_t a, std::size_t b) { return w[a] > w[b]; });
+    }
+    w_.resize(T);
+    p_.resize(T * S);
+    for (std::size_t t = 0; t < T; ++t) {
+      w_[t] = out.weights[order_[t]];
+      std::copy_n(out.perms.begin() + order_[t] * S, S, p_.begin() + t * S);
+    }
+    out.weights.swap(w_);
+    out.perms.swap(p_);
+  }
+
+private:
+  std::vector<std::size_t> order_;
+  std::vector<bytes_t> w_;
+  std::vector<std::int32_t> p_;
+};
+
 } // namespace detail
 
 /// Largest row or column sum of a server matrix: L, the per-rail bytes of the busiest server.
@@ -273,30 +310,11 @@ public:
           throw error("internal error: Birkhoff decomposition found no perfect matching "
                       "(the padded matrix is not doubly stochastic)");
     }
-    heaviest_first(out);
+    heaviest_first_(out);
   }
 
 private:
   std::size_t idx(int i, int j) const noexcept { return static_cast<std::size_t>(i) * n_ + j; }
-
-  // Heaviest stages first (ties in decomposition order): an executor keeps a window of stages in
-  // flight, and a light stage between heavy ones leaves the busiest server's NICs idle (measured on
-  // the emulated cluster). The order changes neither the weights' sum nor the pairs' coverage.
-  void heaviest_first(stage_list& out) {
-    const std::size_t T = out.size(), S = static_cast<std::size_t>(out.servers);
-    order_.resize(T);
-    for (std::size_t t = 0; t < T; ++t) order_[t] = t;
-    std::stable_sort(order_.begin(), order_.end(),
-                     [&](std::size_t a, std::size_t b) { return out.weights[a] > out.weights[b]; });
-    sorted_w_.resize(T);
-    sorted_p_.resize(T * S);
-    for (std::size_t t = 0; t < T; ++t) {
-      sorted_w_[t] = out.weights[order_[t]];
-      std::copy_n(out.perms.begin() + order_[t] * S, S, sorted_p_.begin() + t * S);
-    }
-    out.weights.swap(sorted_w_);
-    out.perms.swap(sorted_p_);
-  }
 
   // a_ = m + padding, every line summing to L (diagonal first: a server idle in a stage costs
   // nothing).
@@ -317,9 +335,8 @@ private:
   // touches few rows) between stages.
   detail::bit_matching matching_;
   std::vector<int> broken_;
-  std::vector<std::int32_t> perm_, sorted_p_;
-  std::vector<std::size_t> order_;
-  std::vector<bytes_t> sorted_w_;
+  std::vector<std::int32_t> perm_;
+  detail::heaviest_first heaviest_first_;
 };
 
 /// Spread-out baseline: S - 1 shift permutations, stage t sending s -> (s + t) mod S with the

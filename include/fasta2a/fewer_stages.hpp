@@ -530,7 +530,7 @@ public:
         }
       }
     }
-    heaviest_first(out);
+    heaviest_first_(out);
   }
 
 private:
@@ -683,29 +683,13 @@ private:
     }
   }
 
-  void heaviest_first(stage_list& out) {
-    const std::size_t T = out.size(), S = static_cast<std::size_t>(out.servers);
-    order_.resize(T);
-    for (std::size_t t = 0; t < T; ++t) order_[t] = t;
-    std::stable_sort(order_.begin(), order_.end(),
-                     [&](std::size_t a, std::size_t b) { return out.weights[a] > out.weights[b]; });
-    sorted_w_.resize(T);
-    sorted_p_.resize(T * S);
-    for (std::size_t t = 0; t < T; ++t) {
-      sorted_w_[t] = out.weights[order_[t]];
-      std::copy_n(out.perms.begin() + order_[t] * S, S, sorted_p_.begin() + t * S);
-    }
-    out.weights.swap(sorted_w_);
-    out.perms.swap(sorted_p_);
-  }
-
   int n_ = 0;
   bytes_t left_ = 0, theta_ = 0;
-  std::vector<bytes_t> R_, r_, c_, sorted_w_, cap_, srow_, scol_;
+  std::vector<bytes_t> R_, r_, c_, cap_, srow_, scol_;
   std::vector<int> mate_l_, mate_r_, parent_, queue_;
   std::vector<std::uint64_t> reached_, idle_; // match's right nodes reached; the idle row nodes
-  std::vector<std::int32_t> perm_, sorted_p_;
-  std::vector<std::size_t> order_;
+  std::vector<std::int32_t> perm_;
+  detail::heaviest_first heaviest_first_;
 };
 
 static_assert(Decomposer<slack_decomposer>);
