@@ -557,9 +557,9 @@ private:
       const bytes_t* e = R_.data() + s * n;
       bytes_t* c = cap_.data() + s * n;
       const bytes_t sr = srow_[s];
-      for (std::size_t d = 0; d < n; ++d) {
+      for (std::size_t d = 0; d < n; ++d) { // without a branch: whether R(s, d) ran out is data
         const bytes_t sd = scol_[d], slack = sr < sd ? sr : sd;
-        c[d] = e[d] == 0 ? 0 : e[d] + slack;
+        c[d] = (e[d] + slack) & -static_cast<bytes_t>(e[d] != 0);
       }
     }
   }
