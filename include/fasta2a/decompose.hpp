@@ -231,16 +231,17 @@ public:
     const std::size_t T = out.size(), S = static_cast<std::size_t>(out.servers);
     order_.resize(T);
     for (std::size_t t = 0; t < T; ++t) order_[t] = t;
-    const bytes_t* w = out.weights.data();
+    const bytes_t* weight = out.weights.data();
     if (T <= 32) { // an insertion sort (stable: it passes only lighter stages): no buffer to allocate
       for (std::size_t t = 1; t < T; ++t) {
         const std::size_t x = order_[t];
         std::size_t i = t;
-        for (; i > 0 && w[order_[i - 1]] < w[x]; --i) order_[i] = order_[i - 1];
+        for (; i > 0 && weight[order_[i - 1]] < weight[x]; --i) order_[i] = order_[i - 1];
         order_[i] = x;
       }
     } else {
-      std::stable_sort(order_.begin(), order_.end(), [w](std::size_t a, std::size_t b) { return w[a] > w[b]; });
+      std::stable_sort(order_.begin(), order_.end(),
+                       [weight](std::size_t a, std::size_t b) { return weight[a] > weight[b]; });
     }
     w_.resize(T);
     p_.resize(T * S);

@@ -1430,7 +1430,7 @@ private:
   // Phase 1's flow keeps, besides y and res, bit sets of G bits (W words each): nz_ row x has bit z
   // where y(x, z) > 0 (pair {x, z} has bytes on rail x that could move to rail z). Each search
   // makes the set of rails with capacity left (room_, or a register for 8 rails) from res: the
-  // greedy placement changes res twice a pair, and only a few pairs search. The augmenting search
+  // greedy placement changes res at every pair, and only a few pairs search. The augmenting search
   // then visits a rail's movable neighbours a word at a time instead of testing every rail.
   static constexpr int bits = 64;
   std::size_t words() const noexcept { return (static_cast<std::size_t>(gpus()) + bits - 1) / bits; }
