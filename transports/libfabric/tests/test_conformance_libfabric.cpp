@@ -246,16 +246,19 @@ int main(int argc, char** argv) {
                  key.c_str());
     return 2;
   }
-  // The tcp worlds but the plain one post 16 receive buffers per rxm connection instead of the
-  // provider's default (FI_OFI_RXM_MSG_RX_SIZE, 128 here): each world of up to 16 ranks connects
-  // every pair, and zeroing the default queues' buffers was most of their time (perf: memset's page
-  // faults, 85% of the byte-exact case; that case 12 -> 5 s, the tcp_completion world 29 -> 12 s).
-  // The tcp world keeps the defaults users get, as do the CLI's libfabric runs; a queue of 16
-  // makes the provider's flow control work more, which these worlds then test too. An explicit
-  // setting in the environment wins.
+  // The tcp worlds but the plain one give rxm smaller buffers than the provider's defaults: 16
+  // receive buffers per connection (FI_OFI_RXM_MSG_RX_SIZE, default 128) of 4 KiB
+  // (FI_OFI_RXM_BUFFER_SIZE, its eager limit, default 16 KiB). Each world of up to 16 ranks connects
+  // every pair, and zeroing the default pools in fi_enable and at each connection was most of these
+  // worlds' time (perf: memset's page faults, 85% of the byte-exact case). The tcp world keeps the
+  // defaults users get, as do the CLI's libfabric runs; with the small pools the provider's flow
+  // control and its protocol past the eager limit work more, which these two worlds then test. An
+  // explicit setting in the environment wins.
   if (key == "tcp_delayed" || key == "tcp_completion") {
     ::setenv("FI_OFI_RXM_MSG_RX_SIZE", "16", 0);
-    config().label += std::string(", rxm receive queues of ") + std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+    ::setenv("FI_OFI_RXM_BUFFER_SIZE", "4096", 0);
+    config().label += std::string(", rxm pools of ") + std::getenv("FI_OFI_RXM_MSG_RX_SIZE") + " x " +
+                      std::getenv("FI_OFI_RXM_BUFFER_SIZE") + " bytes per connection";
   }
   libfabric_world::name = config().label;
   std::string why;
