@@ -123,6 +123,31 @@ void BM_synthesis_zipf(benchmark::State& state) {
   run(state, std::move(inputs), servers, 8192);
 }
 
+// A rank's part as a runtime meets it: a different matrix every call. The benchmarks above cycle
+// through 16 matrices (2 at 128 servers and more), 512 KiB at 64 GPUs, which fit in a 1 MiB L2
+// cache and which a branch predictor partly learns; these cycle through 128 (4 MiB at 64 GPUs),
+// none planned again before the other 127.
+constexpr std::size_t fresh_inputs = 128;
+
+void BM_synthesis_megatron_fresh(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  if (megatron_trace().empty()) {
+    state.SkipWithError(("trace not found: " + megatron).c_str());
+    return;
+  }
+  std::vector<traffic_matrix> inputs;
+  for (std::size_t k = 0; k < fresh_inputs; ++k) inputs.push_back(megatron_tiled(servers, k * 7));
+  run(state, std::move(inputs), servers, 8192);
+}
+
+void BM_synthesis_zipf_fresh(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  std::vector<traffic_matrix> inputs;
+  for (std::size_t k = 0; k < fresh_inputs; ++k)
+    inputs.push_back(zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 2000 + k, 8192));
+  run(state, std::move(inputs), servers, 8192);
+}
+
 // Phase 2 alone (exact Birkhoff on the server matrix), where the whole plan is too large to build:
 // how many stages exact decomposition needs and what it costs.
 void BM_decompose_birkhoff(benchmark::State& state) {
@@ -160,9 +185,16 @@ void big_scales(benchmark::internal::Benchmark* b) {
     for (int m = 0; m < 8; ++m) b->Args({servers, m});
 }
 
+void fresh_scales(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
+  for (int m : {rank_slack, rank_factorized, whole_slack}) b->Args({8, m});
+}
+
 } // namespace
 
 BENCHMARK(BM_synthesis_megatron)->Apply(scales);
+BENCHMARK(BM_synthesis_megatron_fresh)->Apply(fresh_scales);
+BENCHMARK(BM_synthesis_zipf_fresh)->Apply(fresh_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(scales);
 BENCHMARK(BM_synthesis_megatron)->Apply(big_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(big_scales);
