@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "test_planner.cpp"
+#include "test_transpose.cpp"
 #include "test_fewer_stages.cpp"
 #include "test_verify.cpp"
 #include "test_per_rail.cpp"

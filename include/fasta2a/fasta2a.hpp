@@ -25,4 +25,5 @@
 #include "fasta2a/topology.hpp"
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/transport.hpp"
+#include "fasta2a/transpose.hpp"
 #include "fasta2a/verify.hpp"

@@ -9,6 +9,7 @@
 #include "fasta2a/factorized.hpp"
 #include "fasta2a/fewer_stages.hpp"
 #include "fasta2a/planner.hpp"
+#include "fasta2a/transpose.hpp"
 
 using namespace fasta2a;
 
@@ -20,6 +21,13 @@ const std::vector<traffic_matrix>& megatron_trace() {
   static const std::vector<traffic_matrix> trace =
       std::filesystem::exists(megatron) ? read_trace(megatron, 32, 8192) : std::vector<traffic_matrix>{};
   return trace;
+}
+
+// False, and the benchmark skipped with the path, where the trace is not there.
+bool have_trace(benchmark::State& state) {
+  if (!megatron_trace().empty()) return true;
+  state.SkipWithError(("trace not found: " + megatron).c_str());
+  return false;
 }
 
 // The Megatron trace at S x 8 GPUs: the 32 x 32 matrices tiled as blocks, block (i, j) taken from
@@ -102,10 +110,7 @@ void run(benchmark::State& state, std::vector<traffic_matrix> inputs, int server
 
 void BM_synthesis_megatron(benchmark::State& state) {
   const int servers = static_cast<int>(state.range(0));
-  if (megatron_trace().empty()) {
-    state.SkipWithError(("trace not found: " + megatron).c_str());
-    return;
-  }
+  if (!have_trace(state)) return;
   std::vector<traffic_matrix> inputs;
   // 4 x 8 is the trace itself, every matrix in turn; larger clusters tile it.
   const std::size_t count = servers == 4 ? 600 : (servers <= 40 ? 16 : 2);
@@ -131,10 +136,7 @@ constexpr std::size_t fresh_inputs = 128;
 
 void BM_synthesis_megatron_fresh(benchmark::State& state) {
   const int servers = static_cast<int>(state.range(0));
-  if (megatron_trace().empty()) {
-    state.SkipWithError(("trace not found: " + megatron).c_str());
-    return;
-  }
+  if (!have_trace(state)) return;
   std::vector<traffic_matrix> inputs;
   for (std::size_t k = 0; k < fresh_inputs; ++k) inputs.push_back(megatron_tiled(servers, k * 7));
   run(state, std::move(inputs), servers, 8192);
@@ -148,15 +150,72 @@ void BM_synthesis_zipf_fresh(benchmark::State& state) {
   run(state, std::move(inputs), servers, 8192);
 }
 
+// An MoE layer's combine after its dispatch: the combine's matrix is the dispatch's transposed.
+// Its plan, planned (`transposed_plan` 0: the baseline, the same as BM_synthesis_* of the
+// transposed inputs) or made from the dispatch's plan (1: transpose_into, the dispatch's plans
+// made before the timing). The same inputs and ranks both ways.
+template <class D>
+void combine_with(benchmark::State& state, const std::vector<traffic_matrix>& dispatch, int servers, bool rank_view,
+                  bool from_dispatch) {
+  planner<fixed_topology<8>, D> pl(h200_cluster(servers), {.granule = 8192});
+  const rank_t ranks = servers * 8;
+  std::vector<traffic_matrix> combine;
+  std::vector<plan> made(dispatch.size());
+  std::vector<server_matrix> m(dispatch.size());
+  for (std::size_t k = 0; k < dispatch.size(); ++k) {
+    combine.push_back(dispatch[k].transpose());
+    const auto r = static_cast<rank_t>(k % static_cast<std::size_t>(ranks));
+    if (rank_view) pl.make_rank_into(dispatch[k], r, made[k]);
+    else pl.make_into(dispatch[k], made[k]);
+    m[k] = pl.rail_matrix();
+  }
+  plan p;
+  std::size_t i = 0, stages = 0, calls = 0;
+  for (auto _ : state) {
+    const auto r = static_cast<rank_t>(i % static_cast<std::size_t>(ranks));
+    if (from_dispatch) transpose_into<8>(made[i], m[i], p);
+    else if (rank_view) pl.make_rank_into(combine[i], r, p);
+    else pl.make_into(combine[i], p);
+    benchmark::DoNotOptimize(p.pieces.data());
+    stages += p.stages();
+    ++calls;
+    i = (i + 1) % dispatch.size();
+  }
+  state.counters["stages"] = static_cast<double>(stages) / static_cast<double>(std::max<std::size_t>(calls, 1));
+  state.counters["ranks"] = ranks;
+}
+
+void BM_combine(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  const auto m = static_cast<mode>(state.range(1));
+  const bool megatron_inputs = state.range(2) != 0, from_dispatch = state.range(3) != 0;
+  if (megatron_inputs && !have_trace(state)) return;
+  std::vector<traffic_matrix> inputs;
+  for (std::size_t k = 0; k < 16; ++k)
+    inputs.push_back(megatron_inputs ? megatron_tiled(servers, k * 7)
+                                     : zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 1000 + k, 8192));
+  const bool rank_view = m == rank_slack || m == rank_factorized;
+  state.SetLabel(std::string(megatron_inputs ? "megatron, " : "zipf, ") + (rank_view ? "rank's part, " : "whole plan, ") +
+                 (m == rank_slack || m == whole_slack ? "slack, " : "factorized, ") +
+                 (from_dispatch ? "transposed from the dispatch's" : "planned"));
+  if (m == rank_slack || m == whole_slack) combine_with<slack_decomposer>(state, inputs, servers, rank_view, from_dispatch);
+  else combine_with<factorized_decomposer>(state, inputs, servers, rank_view, from_dispatch);
+}
+
+void combine_scales(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
+  for (int servers : {8, 40})
+    for (int m : {rank_slack, rank_factorized, whole_slack})
+      for (int megatron_inputs : {0, 1})
+        for (int from_dispatch : {0, 1}) b->Args({servers, m, megatron_inputs, from_dispatch});
+}
+
 // Phase 2 alone (exact Birkhoff on the server matrix), where the whole plan is too large to build:
 // how many stages exact decomposition needs and what it costs.
 void BM_decompose_birkhoff(benchmark::State& state) {
   const int servers = static_cast<int>(state.range(0));
   const bool zipf = state.range(1) != 0;
-  if (!zipf && megatron_trace().empty()) {
-    state.SkipWithError(("trace not found: " + megatron).c_str());
-    return;
-  }
+  if (!zipf && !have_trace(state)) return;
   const traffic_matrix t =
       zipf ? zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 1000, 8192) : megatron_tiled(servers, 0);
   server_matrix m = server_matrix::Zero(servers, servers);
@@ -198,6 +257,8 @@ BENCHMARK(BM_synthesis_zipf_fresh)->Apply(fresh_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(scales);
 BENCHMARK(BM_synthesis_megatron)->Apply(big_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(big_scales);
+
+BENCHMARK(BM_combine)->Apply(combine_scales);
 
 BENCHMARK(BM_decompose_birkhoff)
     ->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(3)->ReportAggregatesOnly(true)
