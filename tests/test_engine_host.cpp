@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "workloads.hpp"
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/host.hpp>
 #include <fasta2a/pattern.hpp>
+#include <fasta2a/verify.hpp>
 
 #include "conformance/engine_checks.hpp"
 #include "conformance/wrappers.hpp"
@@ -983,6 +985,91 @@ TEST_CASE("wait_policy.a_long_wait_sleeps_longer_within_a_32nd_of_the_wait_and_r
       // default policy's 200 us alone would allow 1250.
       CHECK(pauses <= 128 + 250'000 / std::max(wp.max_sleep, wp.max_idle_sleep).count() + 64'000 / wp.max_sleep.count());
       b.reset();
+    }
+  }
+}
+
+// --- Plans reused (engine_options::reuse_plans) -----------------------------------------------
+
+TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_transposed_and_every_byte_arrives") {
+  // An MoE layer: dispatch D, combine D^T. The combine runs the dispatch's plan transposed, a call
+  // whose matrix is the last's again runs the same plan, and any other matrix is planned; every
+  // byte of every call checked, and each plan against the one it must be. With the plain allgather
+  // (each rank keeps its own gathered counts) and the shared one (ranks hold the process's buffer),
+  // with no staging budget (each piece a slot of its own: the transposed layout), the default
+  // budget and a tight one (staging shared across stages), and with reuse off (every call planned). A call with bad arguments
+  // (refused on every rank before planning) between a dispatch and its combine changes nothing.
+  using src = plan_source;
+  std::mt19937_64 rng(5150);
+  for (const two_tier_topology topo : {two_tier_topology(2, 4), two_tier_topology(4, 4), two_tier_topology(3, 5)}) {
+    const rank_t n = topo.ranks();
+    const traffic_matrix d1 = skewed(n, rng, 1), d2 = zipf_traffic(n, 1.2, 1 << 12, rng() % 1000);
+    traffic_matrix sym = skewed(n, rng, 1);
+    sym = (sym + sym.transpose()).eval();
+    // Each call's matrix and where its plan comes from; null: a call with bad arguments.
+    const traffic_matrix d1t = d1.transpose(), d2t = d2.transpose();
+    const std::vector<std::pair<const traffic_matrix*, src>> seq = {
+        {&d1, src::planned},   {&d1t, src::transposed}, {&d1t, src::same},    {&d1, src::transposed},
+        {nullptr, src::planned}, {&d1t, src::transposed}, {&d2, src::planned},  {&d2t, src::transposed},
+        {&sym, src::planned},  {&sym, src::same},       {&d1, src::planned},
+    };
+    for (int variant = 0; variant < 5; ++variant) {
+      CAPTURE(n);
+      CAPTURE(variant);
+      engine_options opt;
+      if (variant == 0) opt.staging_fraction.reset(); // no budget: every piece a slot of its own
+      if (variant == 2) opt.staging_fraction = 0.02; // staging shared across stages
+      if (variant == 3) opt.reuse_plans = false;
+      std::vector<std::vector<src>> got(static_cast<std::size_t>(n));
+      std::vector<int> rings(static_cast<std::size_t>(n), 0);
+      auto body = [&](rank_t r, auto& boot, host_transport& tr) {
+        engine<two_tier_topology, std::decay_t<decltype(boot)>, host_transport, host_transport> eng(topo, boot, tr, tr, opt);
+        // What the engine's plan must be: the rank's part of the matrix where planned, else the
+        // plan it last ran, transposed where the matrix is the last one's transposed.
+        planner<two_tier_topology> pl(topo, opt.planning);
+        plan ref;
+        server_matrix ref_m;
+        for (const auto& [t, expected] : seq) {
+          if (t == nullptr) { // counts of the wrong size on rank 0: every rank refuses the call
+            buffer_set b(d1, r);
+            std::vector<std::uint64_t> counts = b.l.send_counts;
+            if (r == 0) counts.pop_back();
+            try {
+              eng.alltoallv(b.send, counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs);
+              throw error("a call with bad arguments went through");
+            } catch (const error& e) {
+              if (std::string(e.what()).find("went through") != std::string::npos) throw;
+            }
+            continue;
+          }
+          buffer_set b(*t, r);
+          eng.alltoallv(b.send, b.l.send_counts, b.l.send_displs, b.recv, b.l.recv_counts, b.l.recv_displs);
+          if (!b.received(*t, r)) throw error("wrong bytes");
+          const src from = eng.last_stats().plan_from;
+          got[static_cast<std::size_t>(r)].push_back(from);
+          if (from == src::planned) {
+            if (opt.staging_fraction) pl.set_staging_budget(staging_budget_for(largest_buffer(*t), *opt.staging_fraction, opt.planning));
+            pl.make_rank_into(*t, r, ref);
+            ref_m = pl.rail_matrix();
+          } else if (from == src::transposed) {
+            ref = transposed(ref, ref_m);
+            ref_m.transposeInPlace();
+          }
+          if (testing::rank_work(eng.last_plan(), r) != testing::rank_work(ref, r)) throw error("not the expected plan");
+          if (const verify_result v = verify_rank_view(eng.last_plan(), *t); !v.ok) throw error("plan: " + v.error);
+          rings[static_cast<std::size_t>(r)] += eng.last_plan().staging_ring > 0;
+        }
+      };
+      if (variant == 4) check_no_errors(on_ranks<metered_shared_bootstrap<host_bootstrap>>(n, body));
+      else check_no_errors(on_ranks<metered_bootstrap<host_bootstrap>>(n, body));
+      std::vector<src> want;
+      for (const auto& [t, expected] : seq)
+        if (t != nullptr) want.push_back(variant == 3 ? src::planned : expected);
+      for (rank_t r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(got[static_cast<std::size_t>(r)] == want);
+        if (variant == 2) CHECK(rings[static_cast<std::size_t>(r)] > 0);
+      }
     }
   }
 }

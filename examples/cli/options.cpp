@@ -116,7 +116,8 @@ const char* const run_usage = R"(usage: fasta2a run --servers S --gpus G INPUT [
 Executes all-to-allv calls with real bytes through the fasta2a engine: every send buffer is filled
 with a pattern of (source, destination, offset) and every received byte is checked. Each call is
 timed from the first rank's start to the last rank's return (median of --iters calls after one
-warm-up), next to direct execution (every message straight to its destination) on the same
+warm-up; each call plans, though they repeat one matrix: engine_options::reuse_plans is off), next
+to direct execution (every message straight to its destination) on the same
 transport and buffers, and beside the plan's model figures.
 
   --transport host        ranks are threads of this process, sharing memory (default)

@@ -28,6 +28,9 @@ inline fa::engine_options engine_options_of(const options& o) {
   e.planning = planning_options(o);
   e.rail_window = o.rail_window;
   e.timeout = o.timeout;
+  // The timed calls repeat one matrix, which the engine would plan once and then reuse: each call
+  // plans, as where a runtime's matrix is new every call (engine_options::reuse_plans).
+  e.reuse_plans = false;
   if (o.staging_fraction == 0) e.staging_fraction.reset();
   else if (o.staging_fraction > 0) e.staging_fraction = o.staging_fraction;
   return e;

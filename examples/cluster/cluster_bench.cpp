@@ -406,7 +406,10 @@ public:
          .timeout = call_timeout,
          .rail_window = o_.rail_window,
          .waiting = engine_waiting(),
-         .staging_fraction = staging_},
+         .staging_fraction = staging_,
+         // The timed calls repeat one matrix: each plans, as a runtime's new matrix would
+         // (engine_options::reuse_plans would plan the first and reuse it).
+         .reuse_plans = false},
         std::move(dec));
     result r = measure(
         method,

@@ -26,6 +26,7 @@
 #include "fasta2a/program.hpp"
 #include "fasta2a/topology.hpp"
 #include "fasta2a/transport.hpp"
+#include "fasta2a/transpose.hpp"
 
 namespace fasta2a {
 
@@ -60,7 +61,29 @@ struct engine_options {
   /// planning.staging_budget is also set, the smaller budget applies. Unset: only
   /// planning.staging_budget limits staging. The engine keeps the largest staging any call needed.
   std::optional<double> staging_fraction = 0.25;
+  /// A call whose traffic matrix is the last call's transposed (an MoE layer's combine after its
+  /// dispatch: every token goes back where it came from, in the same bytes) runs the last call's
+  /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
+  /// matrix is the last call's again runs the same plan, instead of planning: at 64 GPUs a rank's
+  /// part then takes about 1 us instead of 10-20 (README, "Plans of the transposed matrix"). Only
+  /// where the staging budget is the same too, and not for per-rail plans. The check reads the
+  /// matrix against the last call's kept counts (not a copy) and stops at the first entry that
+  /// differs; every rank decides the same from the same counts, and a rank's header carries the
+  /// generation of its last plan, so ranks that did not make the same last plan all plan anew.
+  /// `last_stats().plan_from` says what a call did. Off: every call plans.
+  bool reuse_plans = true;
 };
+
+/// Where a call's plan came from (engine_options::reuse_plans).
+enum class plan_source : std::uint8_t {
+  planned,    ///< planned from the call's matrix
+  same,       ///< the last call's plan: the matrix was the last call's
+  transposed, ///< the last call's plan transposed: the matrix was the last call's transposed
+};
+
+inline const char* to_string(plan_source s) noexcept {
+  return s == plan_source::planned ? "planned" : s == plan_source::same ? "same" : "transposed";
+}
 
 /// Where the time of the last call went (seconds, measured on this rank), and what it cost.
 struct call_stats {
@@ -71,6 +94,7 @@ struct call_stats {
   int exchanges = 0;     ///< bootstrap exchanges: 1 (counts); +1 when some rank's displacements are not
                          ///< packed (the displacements); +1 when a registration changed on some rank (handles)
   bool recovered = false; ///< this call first rebuilt the connections after a failed call (see engine)
+  plan_source plan_from = plan_source::planned; ///< planned, or the last call's plan (engine_options::reuse_plans)
   int registrations = 0; ///< register_memory calls this rank made (per transport pair)
   std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
   std::size_t pieces_sent = 0; ///< plan pieces this rank sent (one put each without coalescing)
@@ -200,6 +224,8 @@ public:
   virtual ~rank_planner() = default;
   virtual void make_rank_into(const traffic_view& t, rank_t r, plan& p) = 0;
   virtual void set_staging_budget(bytes_t bytes) = 0;
+  /// M of the last plan (planner::rail_matrix), for transposing it.
+  virtual const server_matrix& rail_matrix() const = 0;
 };
 
 template <Topology Topo, Decomposer D>
@@ -208,6 +234,7 @@ public:
   rank_planner_of(const Topo& topo, const plan_options& opt, const D& dec) : planner_(topo, opt, dec) {}
   void make_rank_into(const traffic_view& t, rank_t r, plan& p) override { planner_.make_rank_into(t, r, p); }
   void set_staging_budget(bytes_t bytes) override { planner_.set_staging_budget(bytes); }
+  const server_matrix& rail_matrix() const override { return planner_.rail_matrix(); }
 
 private:
   planner<Topo, D> planner_;
@@ -594,6 +621,7 @@ private:
     h_recv_first, ///< packed receive displacements: likewise
     h_failed,     ///< its last call failed once bytes could move: every rank recovers (see recover)
     h_buffer,     ///< the larger of the bytes it sends and the bytes it receives (the staging budget's base)
+    h_plan,       ///< the generation of its last plan, 0 if none can be reused (engine_options::reuse_plans)
     header_words
   };
   static constexpr std::uint64_t send_packed = 1, recv_packed = 2;
@@ -668,6 +696,7 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.planning.rails));
     h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
     h.mix(opt_.staging_fraction.value_or(0.0));
+    h.mix(static_cast<std::uint64_t>(opt_.reuse_plans)); // every rank must decide alike
     h.mix(decomposer_digest);
     h.mix(static_cast<std::uint64_t>(M::kind));
     h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
@@ -757,8 +786,9 @@ private:
     }
     const int counted = exchange_counts(problem, rreg, recv, send_counts, send_displs, recv_counts, recv_displs, elem_size, ordered);
     const auto t1 = clock::now();
-    if (opt_.staging_fraction) planner_->set_staging_budget(staging_budget());
-    planner_->make_rank_into(traffic(), me_, plan_); // this rank's part only, from the gathered counts in place (the same error on every rank)
+    const bytes_t budget = opt_.staging_fraction ? staging_budget() : 0;
+    if (opt_.staging_fraction) planner_->set_staging_budget(budget);
+    make_plan(budget);
     const bool handles = staging_and_handles_needed();
     const auto t2 = clock::now();
     // From here on peers may put into this rank's buffers: an error abandons the call.
@@ -1028,6 +1058,7 @@ private:
     h[h_elem] = elem_size;
     h[h_digest] = digest_;
     h[h_failed] = failed_seen_ ? 1 : 0;
+    h[h_plan] = plan_gen_;
     // Messages with bytes in rank order, back to back from the first: where they start (elements).
     auto packed = [&](std::span<const std::uint64_t> counts, std::span<const std::uint64_t> displs, std::uint64_t& first) {
       bool any = false;
@@ -1186,6 +1217,66 @@ private:
     }
     s.up.reset();
     s.out.reset();
+  }
+
+  // This call's plan (this rank's part): the last call's, as it is or transposed, where
+  // engine_options::reuse_plans finds the matrix the same or transposed, else planned. Every rank
+  // decides alike: from the same gathered counts and headers, and only where every rank's last
+  // plan has the same generation (all ranks made the same plans since they last disagreed).
+  void make_plan(bytes_t budget) {
+    std::uint64_t newest = 0;
+    bool agree = true;
+    for (rank_t r = 0; r < n_; ++r) {
+      newest = std::max(newest, word(r, h_plan));
+      agree &= word(r, h_plan) == word(0, h_plan);
+    }
+    plan_source from = plan_source::planned;
+    if (opt_.reuse_plans && agree && plan_gen_ != 0 && newest == plan_gen_ && budget == last_budget_)
+      from = compare_with_last();
+    if (from == plan_source::transposed && plan_.per_rail()) from = plan_source::planned; // transpose_into refuses them
+    plan_gen_ = 0; // until this call's plan is made (planning can throw, on every rank alike)
+    if (from == plan_source::transposed) {
+      transpose_into<static_gpus_v<Topo>>(plan_, last_m_, spare_);
+      std::swap(plan_, spare_);
+      last_m_.transposeInPlace();
+    } else if (from == plan_source::planned) {
+      // This rank's part only, from the gathered counts in place (the same error on every rank).
+      planner_->make_rank_into(traffic(), me_, plan_);
+      if (opt_.reuse_plans) last_m_ = planner_->rail_matrix();
+    }
+    stats_.plan_from = from;
+    if (!opt_.reuse_plans) return;
+    // Keep this call's counts for the next: the shared buffer is held, this rank's own swapped
+    // (all_ keeps pointing at them: a swap moves the storage, not the words).
+    last_shared_ = all_shared_;
+    if (!all_shared_) std::swap(last_own_, all_own_);
+    last_all_ = all_;
+    last_budget_ = budget;
+    plan_gen_ = newest + 1;
+  }
+
+  // Whether this call's matrix is the last plan's (same) or its transpose, reading the two in
+  // 32 x 32 blocks so that the transposed reads stay in cache, and stopping at the first row of a
+  // block where it is neither (a new matrix: after a row or two).
+  plan_source compare_with_last() const {
+    const auto n = static_cast<std::size_t>(n_), w = counts_words();
+    const std::uint64_t* a = all_;
+    const std::uint64_t* b = last_all_;
+    bool same = true, flipped = true;
+    constexpr std::size_t B = 32;
+    for (std::size_t i0 = 0; i0 < n; i0 += B)
+      for (std::size_t j0 = 0; j0 < n; j0 += B) {
+        const std::size_t i1 = std::min(n, i0 + B), j1 = std::min(n, j0 + B);
+        for (std::size_t i = i0; i < i1; ++i) {
+          for (std::size_t j = j0; j < j1; ++j) {
+            const std::uint64_t x = a[i * w + j];
+            same &= x == b[i * w + j];
+            flipped &= x == b[j * w + i];
+          }
+          if (!same && !flipped) return plan_source::planned;
+        }
+      }
+    return same ? plan_source::same : plan_source::transposed;
   }
 
   // Every rank reaches the same answer: staging capacities are tracked for every rank from the
@@ -1376,6 +1467,7 @@ private:
   // Some rank's last call failed (all ranks see it in the same exchange): start over with new
   // connections and forget every peer's handle, so that they are exchanged again in this call.
   void recover(const std::string& failed) {
+    plan_gen_ = 0; // every rank recovers in this call: none reuses a plan in it
     drain(); // queued calls finish (or are released, after a failure) before the connections go
     try {
       retire(up_conn_, retired_up_);
@@ -1838,6 +1930,16 @@ private:
   const std::uint64_t* all_ = nullptr;
   std::shared_ptr<const std::vector<std::byte>> all_shared_;
   std::vector<std::uint64_t> all_own_, column_check_;
+  // The last plan's call (engine_options::reuse_plans): its gathered counts, kept (the buffer
+  // shared with the process's ranks, or this rank's own, swapped with all_own_), its M, its staging
+  // budget, and its generation (0: none to reuse), which every rank sends in its header.
+  const std::uint64_t* last_all_ = nullptr;
+  std::shared_ptr<const std::vector<std::byte>> last_shared_;
+  std::vector<std::uint64_t> last_own_;
+  server_matrix last_m_;
+  bytes_t last_budget_ = 0;
+  std::uint64_t plan_gen_ = 0;
+  plan spare_; ///< transpose_into's target, swapped with plan_
   // Displacements: prefix sums of the send counts for this server's messages where every rank's
   // are packed (4 G n words), else the second exchange's (null where not exchanged).
   rank_t home_ = 0; ///< this server's first rank
