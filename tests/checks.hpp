@@ -24,6 +24,22 @@ inline void check_plan(const plan& p, const traffic_matrix& t, bool exact) {
   REQUIRE(r.ok);
 }
 
+/// Requires that a and b are the same executable plan: stages, pieces, staging, op and message
+/// indexes.
+inline void check_same_plan(const plan& a, const plan& b) {
+  CHECK(a.view == b.view);
+  CHECK(a.stage_weight == b.stage_weight);
+  CHECK(a.stage_perm == b.stage_perm);
+  CHECK(a.pieces == b.pieces);
+  CHECK(a.staging_bytes == b.staging_bytes);
+  CHECK(a.staging_ring == b.staging_ring);
+  CHECK(a.staging_slot == b.staging_slot);
+  CHECK(a.op_offsets == b.op_offsets);
+  CHECK(a.op_list == b.op_list);
+  CHECK(a.message_first == b.message_first);
+  CHECK(a.message_count == b.message_count);
+}
+
 /// What rank r does in a plan: per stage, its ops with the full content of each piece.
 inline std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(const plan& p, rank_t r) {
   std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> w;

@@ -62,13 +62,7 @@ void check_transposes(Planner pl, const traffic_matrix& t, std::size_t& ring_pla
   CHECK(q.op_list == qi.op_list);
   ring_plans += p.staging_ring > 0;
   // Transposing back gives p, op for op.
-  const plan back = transposed(q, server_matrix(m.transpose()));
-  CHECK(back.pieces == p.pieces);
-  CHECK(back.op_offsets == p.op_offsets);
-  CHECK(back.op_list == p.op_list);
-  CHECK(back.stage_perm == p.stage_perm);
-  CHECK(back.message_first == p.message_first);
-  CHECK(back.message_count == p.message_count);
+  fasta2a::testing::check_same_plan(transposed(q, server_matrix(m.transpose())), p);
   // Each rank's view transposes to the transposed whole plan's view: what every rank of a call
   // computes on its own fits together.
   const rank_t n = p.ranks();

@@ -66,11 +66,12 @@ struct engine_options {
   /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
   /// matrix is the last call's again runs the same plan, instead of planning: at 64 GPUs a rank's
   /// part then takes about 1 us instead of 10-20 (README, "Plans of the transposed matrix"). Only
-  /// where the staging budget is the same too, and not for per-rail plans. The check reads the
-  /// matrix against the last call's kept counts (not a copy) and stops at the first entry that
-  /// differs; every rank decides the same from the same counts, and a rank's header carries the
-  /// generation of its last plan, so ranks that did not make the same last plan all plan anew.
-  /// `last_stats().plan_from` says what a call did. Off: every call plans.
+  /// where the staging budget is the same too; per-rail plans are not transposed. The check reads
+  /// the matrix against the last call's counts, kept (not copied, but held: two calls' n^2 words
+  /// instead of one), and stops at the first row that differs. Every rank decides the same from
+  /// the same counts, and a rank's header carries the generation of its last plan, so ranks that
+  /// did not make the same last plan all plan anew. `last_stats().plan_from` says what a call did.
+  /// Off: every call plans.
   bool reuse_plans = true;
 };
 
