@@ -1237,13 +1237,17 @@ private:
     if (from == plan_source::transposed && plan_.per_rail()) from = plan_source::planned; // transpose_into refuses them
     plan_gen_ = 0; // until this call's plan is made (planning can throw, on every rank alike)
     if (from == plan_source::transposed) {
-      transpose_into<static_gpus_v<Topo>>(plan_, last_m_, spare_);
+      // The last plan's M: the planner's (of the last plan it made), transposed as often as that
+      // plan was since (made only then: a dispatch's combine transposes the planner's own plan).
+      const server_matrix& m = planner_->rail_matrix();
+      if (flipped_) flipped_m_ = m.transpose();
+      transpose_into<static_gpus_v<Topo>>(plan_, flipped_ ? flipped_m_ : m, spare_);
       std::swap(plan_, spare_);
-      last_m_.transposeInPlace();
+      flipped_ = !flipped_;
     } else if (from == plan_source::planned) {
       // This rank's part only, from the gathered counts in place (the same error on every rank).
       planner_->make_rank_into(traffic(), me_, plan_);
-      if (opt_.reuse_plans) last_m_ = planner_->rail_matrix();
+      flipped_ = false;
     }
     stats_.plan_from = from;
     if (!opt_.reuse_plans) return;
@@ -1932,12 +1936,15 @@ private:
   std::shared_ptr<const std::vector<std::byte>> all_shared_;
   std::vector<std::uint64_t> all_own_, column_check_;
   // The last plan's call (engine_options::reuse_plans): its gathered counts, kept (the buffer
-  // shared with the process's ranks, or this rank's own, swapped with all_own_), its M, its staging
-  // budget, and its generation (0: none to reuse), which every rank sends in its header.
+  // shared with the process's ranks, or this rank's own, swapped with all_own_), whether the plan
+  // is the planner's last transposed (an odd number of times: its M is then the planner's
+  // transposed), its staging budget, and its generation (0: none to reuse), which every rank sends
+  // in its header.
   const std::uint64_t* last_all_ = nullptr;
   std::shared_ptr<const std::vector<std::byte>> last_shared_;
   std::vector<std::uint64_t> last_own_;
-  server_matrix last_m_;
+  bool flipped_ = false;
+  server_matrix flipped_m_;
   bytes_t last_budget_ = 0;
   std::uint64_t plan_gen_ = 0;
   plan spare_; ///< transpose_into's target, swapped with plan_
