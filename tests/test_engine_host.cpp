@@ -1006,12 +1006,20 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
     const traffic_matrix d1 = skewed(n, rng, 1), d2 = zipf_traffic(n, 1.2, 1 << 12, rng() % 1000);
     traffic_matrix sym = skewed(n, rng, 1);
     sym = (sym + sym.transpose()).eval();
+    // Matrices that are the last one, or its transposed, on every rank's row but one: each rank
+    // tests its own row, and one that does not match makes every rank plan.
+    traffic_matrix near = d1;
+    near(n - 1, 0) += 3;
+    traffic_matrix near_t = near.transpose();
+    near_t(n / 2, 1) += 5;
+    const traffic_matrix near_tt = near_t.transpose();
     // Each call's matrix and where its plan comes from; null: a call with bad arguments.
     const traffic_matrix d1t = d1.transpose(), d2t = d2.transpose();
     const std::vector<std::pair<const traffic_matrix*, src>> seq = {
         {&d1, src::planned},   {&d1t, src::transposed}, {&d1t, src::same},    {&d1, src::transposed},
         {nullptr, src::planned}, {&d1t, src::transposed}, {&d2, src::planned},  {&d2t, src::transposed},
-        {&sym, src::planned},  {&sym, src::same},       {&d1, src::planned},
+        {&sym, src::planned},  {&sym, src::same},       {&d1, src::planned},    {&near, src::planned},
+        {&near_t, src::planned}, {&near_tt, src::transposed},
     };
     for (int variant = 0; variant < 5; ++variant) {
       CAPTURE(n);

@@ -66,11 +66,12 @@ struct engine_options {
   /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
   /// matrix is the last call's again runs the same plan, instead of planning: at 64 GPUs a rank's
   /// part then takes about 1 us instead of 10-20 (README, "Plans of the transposed matrix"). Only
-  /// where the staging budget is the same too; per-rail plans are not transposed. The check reads
-  /// the matrix against the last call's counts, kept (not copied, but held: two calls' n^2 words
-  /// instead of one), and stops at the first row that differs. Every rank decides the same from
-  /// the same counts, and a rank's header carries the generation of its last plan, so ranks that
-  /// did not make the same last plan all plan anew. `last_stats().plan_from` says what a call did.
+  /// where the staging budget is the same too; per-rail plans are not transposed. Each rank tests
+  /// its own send counts against its row and its column of the last plan's matrix (2n words kept),
+  /// before the counts exchange, and sends the two answers in its header: the matrix is the same
+  /// where every rank's row is, and transposed where every rank's row is its old column, so every
+  /// rank decides the same in O(n). The header also carries the generation of its last plan, so
+  /// ranks that did not make the same last plan all plan anew. `last_stats().plan_from` says what a call did.
   /// Off: every call plans.
   bool reuse_plans = true;
 };
@@ -623,9 +624,11 @@ private:
     h_failed,     ///< its last call failed once bytes could move: every rank recovers (see recover)
     h_buffer,     ///< the larger of the bytes it sends and the bytes it receives (the staging budget's base)
     h_plan,       ///< the generation of its last plan, 0 if none can be reused (engine_options::reuse_plans)
+    h_match,      ///< its send counts against its last plan's (reuse_plans): bit 0 its row, bit 1 its column
     header_words
   };
   static constexpr std::uint64_t send_packed = 1, recv_packed = 2;
+  static constexpr std::uint64_t row_matches = 1, column_matches = 2;
   std::size_t counts_words() const noexcept { return static_cast<std::size_t>(n_) + header_words; }
   /// Header word k of rank r's blob in the last counts exchange.
   std::uint64_t word(rank_t r, std::size_t k) const noexcept {
@@ -1082,6 +1085,19 @@ private:
         check += recv_counts[j] * elem_size * check_weight(static_cast<rank_t>(j));
       }
       h[h_recv_check] = check;
+      if (opt_.reuse_plans) {
+        // The matrix is the last plan's iff every rank's row is its row of it, and the last plan's
+        // transposed iff every rank's row is its column of it (the bytes every rank sent it then,
+        // which its receive counts were checked against): each rank tests its own, in O(n), and
+        // make_plan combines the answers from the headers, the same on every rank.
+        recv_bytes_.resize(nn);
+        for (std::size_t j = 0; j < nn; ++j) recv_bytes_[j] = recv_counts[j] * elem_size;
+        if (plan_gen_ != 0) {
+          const bool row = std::equal(mine_.begin(), mine_.begin() + static_cast<std::ptrdiff_t>(nn), last_row_.begin(), last_row_.end());
+          const bool col = std::equal(mine_.begin(), mine_.begin() + static_cast<std::ptrdiff_t>(nn), last_col_.begin(), last_col_.end());
+          h[h_match] = (row ? row_matches : 0) | (col ? column_matches : 0);
+        }
+      }
       std::uint64_t out = 0, in = 0; // fit in 64 bits: the counts end inside the buffers (check_arguments)
       for (std::size_t j = 0; j < nn; ++j) out += mine_[j], in += recv_counts[j] * elem_size;
       h[h_buffer] = std::max(out, in);
@@ -1225,15 +1241,16 @@ private:
   // decides alike: from the same gathered counts and headers, and only where every rank's last
   // plan has the same generation (all ranks made the same plans since they last disagreed).
   void make_plan(bytes_t budget) {
-    std::uint64_t newest = 0;
+    std::uint64_t newest = 0, match = row_matches | column_matches;
     bool agree = true;
     for (rank_t r = 0; r < n_; ++r) {
       newest = std::max(newest, word(r, h_plan));
       agree &= word(r, h_plan) == word(0, h_plan);
+      match &= word(r, h_match);
     }
     plan_source from = plan_source::planned;
     if (opt_.reuse_plans && agree && plan_gen_ != 0 && newest == plan_gen_ && budget == last_budget_)
-      from = compare_with_last();
+      from = (match & row_matches) != 0 ? plan_source::same : (match & column_matches) != 0 ? plan_source::transposed : plan_source::planned;
     if (from == plan_source::transposed && plan_.per_rail()) from = plan_source::planned; // transpose_into refuses them
     plan_gen_ = 0; // until this call's plan is made (planning can throw, on every rank alike)
     if (from == plan_source::transposed) {
@@ -1251,37 +1268,12 @@ private:
     }
     stats_.plan_from = from;
     if (!opt_.reuse_plans) return;
-    // Keep this call's counts for the next: the shared buffer is held, this rank's own swapped
-    // (all_ keeps pointing at them: a swap moves the storage, not the words).
-    last_shared_ = all_shared_;
-    if (!all_shared_) std::swap(last_own_, all_own_);
-    last_all_ = all_;
+    // Keep this rank's row and column of this call's matrix for the next call's test.
+    const std::uint64_t* row = all_ + static_cast<std::size_t>(me_) * counts_words();
+    last_row_.assign(row, row + n_);
+    std::swap(last_col_, recv_bytes_);
     last_budget_ = budget;
     plan_gen_ = newest + 1;
-  }
-
-  // Whether this call's matrix is the last plan's (same) or its transpose, reading the two in
-  // 32 x 32 blocks so that the transposed reads stay in cache, and stopping at the first row of a
-  // block where it is neither (a new matrix: after a row or two).
-  plan_source compare_with_last() const {
-    const auto n = static_cast<std::size_t>(n_), w = counts_words();
-    const std::uint64_t* a = all_;
-    const std::uint64_t* b = last_all_;
-    bool same = true, flipped = true;
-    constexpr std::size_t B = 32;
-    for (std::size_t i0 = 0; i0 < n; i0 += B)
-      for (std::size_t j0 = 0; j0 < n; j0 += B) {
-        const std::size_t i1 = std::min(n, i0 + B), j1 = std::min(n, j0 + B);
-        for (std::size_t i = i0; i < i1; ++i) {
-          for (std::size_t j = j0; j < j1; ++j) {
-            const std::uint64_t x = a[i * w + j];
-            same &= x == b[i * w + j];
-            flipped &= x == b[j * w + i];
-          }
-          if (!same && !flipped) return plan_source::planned;
-        }
-      }
-    return same ? plan_source::same : plan_source::transposed;
   }
 
   // Every rank reaches the same answer: staging capacities are tracked for every rank from the
@@ -1935,14 +1927,12 @@ private:
   const std::uint64_t* all_ = nullptr;
   std::shared_ptr<const std::vector<std::byte>> all_shared_;
   std::vector<std::uint64_t> all_own_, column_check_;
-  // The last plan's call (engine_options::reuse_plans): its gathered counts, kept (the buffer
-  // shared with the process's ranks, or this rank's own, swapped with all_own_), whether the plan
+  // The last plan's call (engine_options::reuse_plans): this rank's row and column of its matrix
+  // (bytes; the column from this call's receive counts until make_plan keeps it), whether the plan
   // is the planner's last transposed (an odd number of times: its M is then the planner's
   // transposed), its staging budget, and its generation (0: none to reuse), which every rank sends
   // in its header.
-  const std::uint64_t* last_all_ = nullptr;
-  std::shared_ptr<const std::vector<std::byte>> last_shared_;
-  std::vector<std::uint64_t> last_own_;
+  std::vector<bytes_t> last_row_, last_col_, recv_bytes_;
   bool flipped_ = false;
   server_matrix flipped_m_;
   bytes_t last_budget_ = 0;

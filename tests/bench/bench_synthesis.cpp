@@ -2,7 +2,9 @@
 // shape, executable plan, with the planner object reused across calls as a runtime would.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -191,7 +193,8 @@ void BM_combine(benchmark::State& state) {
   const bool megatron_inputs = state.range(2) != 0, from_dispatch = state.range(3) != 0;
   if (megatron_inputs && !have_trace(state)) return;
   std::vector<traffic_matrix> inputs;
-  for (std::size_t k = 0; k < 16; ++k)
+  const std::size_t count = servers > 64 ? 2 : 16; // at 4096 GPUs a matrix is 134 MB: two, and their combines
+  for (std::size_t k = 0; k < count; ++k)
     inputs.push_back(megatron_inputs ? megatron_tiled(servers, k * 7)
                                      : zipf_traffic(servers * 8, 1.0, bytes_t{64} << 20, 1000 + k, 8192));
   const bool rank_view = m == rank_slack || m == rank_factorized;
@@ -208,6 +211,69 @@ void combine_scales(benchmark::internal::Benchmark* b) {
     for (int m : {rank_slack, rank_factorized, whole_slack})
       for (int megatron_inputs : {0, 1})
         for (int from_dispatch : {0, 1}) b->Args({servers, m, megatron_inputs, from_dispatch});
+}
+
+// A rank's part at 4096 GPUs, planned or transposed (the two inputs of BM_combine there).
+void big_combine_scales(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMillisecond)->Iterations(2)->Repetitions(3)->ReportAggregatesOnly(true);
+  for (int m : {rank_slack, rank_factorized})
+    for (int megatron_inputs : {0, 1})
+      for (int from_dispatch : {0, 1}) b->Args({512, m, megatron_inputs, from_dispatch});
+}
+
+// The engine's test of whether a call's matrix is its last plan's transposed (engine_options::
+// reuse_plans), on a combine at n ranks: the matrix gathered as the engine holds it (each rank's
+// n counts and its header of 14 words), the last one transposed. `rank_test` 1: what the engine
+// does, each rank's row against its row and column of the last matrix, then every rank's answer
+// read from the headers; 0, the baseline: every rank comparing the whole matrix with the last
+// one, both ways, in 32 x 32 blocks (the engine until 2026-12-06).
+void BM_reuse_test(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)), w = n + 14;
+  const bool rank_test = state.range(1) != 0;
+  std::vector<std::uint64_t> now(n * w, 0), last(n * w, 0);
+  std::mt19937_64 rng(7);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) last[i * w + j] = rng() % 100000;
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) now[i * w + j] = last[j * w + i];
+  const std::size_t me = n / 3, h_match = n + 13;
+  std::vector<std::uint64_t> last_row(last.begin() + static_cast<std::ptrdiff_t>(me * w),
+                                      last.begin() + static_cast<std::ptrdiff_t>(me * w + n)),
+      last_col(n);
+  for (std::size_t j = 0; j < n; ++j) last_col[j] = last[j * w + me];
+  for (std::size_t r = 0; r < n; ++r) now[r * w + h_match] = 2; // every rank's column matched
+  int found = 0;
+  for (auto _ : state) {
+    bool same = true, flipped = true;
+    if (rank_test) {
+      const std::uint64_t* row = now.data() + me * w;
+      const bool r = std::equal(row, row + n, last_row.begin(), last_row.end());
+      const bool c = std::equal(row, row + n, last_col.begin(), last_col.end());
+      std::uint64_t match = (r ? 1 : 0) | (c ? 2 : 0);
+      for (std::size_t k = 0; k < n; ++k) match &= now[k * w + h_match];
+      same = (match & 1) != 0;
+      flipped = (match & 2) != 0;
+    } else {
+      const std::uint64_t *a = now.data(), *b = last.data();
+      for (std::size_t i0 = 0; i0 < n && (same || flipped); i0 += 32)
+        for (std::size_t j0 = 0; j0 < n && (same || flipped); j0 += 32) {
+          const std::size_t i1 = std::min(n, i0 + 32), j1 = std::min(n, j0 + 32);
+          for (std::size_t i = i0; i < i1; ++i) {
+            for (std::size_t j = j0; j < j1; ++j) {
+              const std::uint64_t x = a[i * w + j];
+              same &= x == b[i * w + j];
+              flipped &= x == b[j * w + i];
+            }
+            if (!same && !flipped) break;
+          }
+        }
+    }
+    found += !same && flipped;
+    benchmark::ClobberMemory();
+  }
+  if (found != static_cast<int>(state.iterations())) state.SkipWithError("the transposed matrix was not found");
+  state.counters["ranks"] = static_cast<double>(n);
+  state.SetLabel(rank_test ? "each rank its row, answers in the headers" : "whole matrix both ways (baseline)");
 }
 
 // Phase 2 alone (exact Birkhoff on the server matrix), where the whole plan is too large to build:
@@ -259,6 +325,9 @@ BENCHMARK(BM_synthesis_megatron)->Apply(big_scales);
 BENCHMARK(BM_synthesis_zipf)->Apply(big_scales);
 
 BENCHMARK(BM_combine)->Apply(combine_scales);
+BENCHMARK(BM_combine)->Apply(big_combine_scales);
+BENCHMARK(BM_reuse_test)->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)
+    ->Args({64, 0})->Args({64, 1})->Args({1024, 0})->Args({1024, 1})->Args({4096, 0})->Args({4096, 1});
 
 BENCHMARK(BM_decompose_birkhoff)
     ->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(3)->ReportAggregatesOnly(true)
