@@ -109,22 +109,35 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
   out.rail_weight.clear();
 
   // The regions' bases (detail::staging_layout, where region (s, d) is M(s, d)): at rank (s, k) the
-  // balance region of (s, d) starts at row[s, d] = sum of M(s, x < d); at rank (d, k) the receive
-  // region of (s, d) at rowsum(d) + col[d, s], col[d, s] = sum of M(x < s, d). Of the transposed
-  // pair (d, s): its balance region at rank (d, k) starts at col[d, s], its receive region at rank
-  // (s, k) at colsum(s) + row[s, d].
+  // balance region of (s, d) starts at row(s, d) = sum of M(s, x < d); at rank (d, k) the receive
+  // region of (s, d) at rowsum(d) + col(d, s), col(d, s) = sum of M(x < s, d). Of the transposed
+  // pair (d, s): its balance region at rank (d, k) starts at col(d, s), its receive region at rank
+  // (s, k) at colsum(s) + row(s, d). A whole plan keeps both for every pair (S^2 each); a view only
+  // for the pairs that touch its server h (4 S words: each of its staged pieces goes from or to
+  // h), which at 512 servers is the difference between a few microseconds and milliseconds spent
+  // allocating and clearing the S^2 tables. One pass over M, row by row, either way.
   const auto SS = static_cast<std::size_t>(S) * static_cast<std::size_t>(S);
-  std::vector<bytes_t> row, col, rowsum, colsum;
+  const bool whole = p.view < 0;
+  const auto h = static_cast<std::uint32_t>(whole ? 0 : p.view / G);
+  std::vector<bytes_t> row, col, rowsum, colsum; // whole: [s * S + d]; view: [d] of (h, d), then [S + s] of (s, h)
   if (placed) {
-    row.assign(SS, 0);
-    col.assign(SS, 0);
+    row.assign(whole ? SS : 2 * static_cast<std::size_t>(S), 0);
+    col.assign(row.size(), 0);
     rowsum.assign(static_cast<std::size_t>(S), 0);
     colsum.assign(static_cast<std::size_t>(S), 0);
     for (int s = 0; s < S; ++s)
       for (int d = 0; d < S; ++d) {
         const auto ss = static_cast<std::size_t>(s), dd = static_cast<std::size_t>(d);
-        row[ss * S + dd] = rowsum[ss];
-        col[dd * S + ss] = colsum[dd];
+        if (whole) {
+          row[ss * S + dd] = rowsum[ss];
+          col[ss * S + dd] = colsum[dd];
+        } else if (ss == h) {
+          row[dd] = rowsum[ss];
+          col[dd] = colsum[dd];
+        } else if (dd == h) {
+          row[S + ss] = rowsum[ss];
+          col[S + ss] = colsum[dd];
+        }
         if (s == d) continue; // a server's own pair stages nothing (rail_layout)
         rowsum[ss] += m(s, d);
         colsum[dd] += m(s, d);
@@ -145,14 +158,14 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
     const bool out_was = a.stage_out != no_staging, in_was = a.stage_in != no_staging;
     if (!out_was && !in_was) continue; // rail rank to rail rank: staged by neither, either way
     const auto s = static_cast<std::uint32_t>(a.src) / g, d = static_cast<std::uint32_t>(a.dst) / g;
-    const std::size_t sd = static_cast<std::size_t>(s) * S + d, ds = static_cast<std::size_t>(d) * S + s;
+    const std::size_t sd = whole ? static_cast<std::size_t>(s) * S + d : s == h ? d : static_cast<std::size_t>(S) + s;
     if (ring) { // slot (stage mod K) of each ring, at the same place in the slot
       const bytes_t at = out_was ? a.stage_out : a.stage_in - in_ring;
       b.stage_out = in_was ? at : no_staging;
       b.stage_in = out_was ? in_ring + at : no_staging;
     } else { // the same position of the rail stream, in the transposed pair's regions
-      const bytes_t pos = out_was ? a.stage_out - row[sd] : a.stage_in - (rowsum[d] + col[ds]);
-      b.stage_out = in_was ? col[ds] + pos : no_staging;
+      const bytes_t pos = out_was ? a.stage_out - row[sd] : a.stage_in - (rowsum[d] + col[sd]);
+      b.stage_out = in_was ? col[sd] + pos : no_staging;
       b.stage_in = out_was ? colsum[s] + row[sd] + pos : no_staging;
     }
   }
