@@ -88,6 +88,13 @@ TEST_CASE("engine.host.every_rail_window_delivers_the_same_bytes") {
   CHECK_THROWS_WITH_AS((engine<two_tier_topology, host_bootstrap, host_transport, host_transport>(
                            two_tier_topology(1, 1), boot, tr, tr, zero)),
                        doctest::Contains("rail_window"), error);
+  for (std::size_t kept : {std::size_t{0}, std::size_t{33}}) {
+    engine_options bad;
+    bad.plans_kept = kept;
+    CHECK_THROWS_WITH_AS((engine<two_tier_topology, host_bootstrap, host_transport, host_transport>(
+                             two_tier_topology(1, 1), boot, tr, tr, bad)),
+                         doctest::Contains("plans_kept must be 1 to 32"), error);
+  }
 }
 
 TEST_CASE("engine.host.baselines_and_shapes") {
@@ -999,11 +1006,13 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
   // with no staging budget (each piece a slot of its own: the transposed layout), the default
   // budget and a tight one (staging shared across stages), and with reuse off (every call planned). A call with bad arguments
   // (refused on every rank before planning) between a dispatch and its combine changes nothing.
+  // With two plans kept, a training step over three layers: the backward calls of the last two
+  // layers run their forward plans, the first layer's (pushed out) is planned again.
   using src = plan_source;
   std::mt19937_64 rng(5150);
   for (const two_tier_topology topo : {two_tier_topology(2, 4), two_tier_topology(4, 4), two_tier_topology(3, 5)}) {
     const rank_t n = topo.ranks();
-    const traffic_matrix d1 = skewed(n, rng, 1), d2 = zipf_traffic(n, 1.2, 1 << 12, rng() % 1000);
+    const traffic_matrix d1 = skewed(n, rng, 1), d2 = zipf_traffic(n, 1.2, 1 << 12, rng() % 1000), d3 = skewed(n, rng, 1);
     traffic_matrix sym = skewed(n, rng, 1);
     sym = (sym + sym.transpose()).eval();
     // Matrices that are the last one, or its transposed, on every rank's row but one: each rank
@@ -1014,17 +1023,25 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
     near_t(n / 2, 1) += 5;
     const traffic_matrix near_tt = near_t.transpose();
     // Each call's matrix and where its plan comes from; null: a call with bad arguments.
-    const traffic_matrix d1t = d1.transpose(), d2t = d2.transpose();
+    const traffic_matrix d1t = d1.transpose(), d2t = d2.transpose(), d3t = d3.transpose();
     const std::vector<std::pair<const traffic_matrix*, src>> seq = {
         {&d1, src::planned},   {&d1t, src::transposed}, {&d1t, src::same},    {&d1, src::transposed},
         {nullptr, src::planned}, {&d1t, src::transposed}, {&d2, src::planned},  {&d2t, src::transposed},
         {&sym, src::planned},  {&sym, src::same},       {&d1, src::planned},    {&near, src::planned},
         {&near_t, src::planned}, {&near_tt, src::transposed},
     };
-    for (int variant = 0; variant < 5; ++variant) {
+    const std::vector<std::pair<const traffic_matrix*, src>> training = {
+        {&d1, src::planned},     {&d1t, src::transposed}, {&d2, src::planned},      {&d2t, src::transposed},
+        {&d3, src::planned},     {&d3t, src::transposed}, {&d3, src::transposed},   {&d3t, src::transposed},
+        {&d2, src::transposed},  {&d2t, src::transposed}, {&d1, src::planned},      {&d1t, src::transposed},
+        {&d2t, src::same},       {nullptr, src::planned}, {&d1, src::transposed},   {&near, src::planned},
+    };
+    for (int variant = 0; variant < 6; ++variant) {
       CAPTURE(n);
       CAPTURE(variant);
+      const auto& calls = variant == 5 ? training : seq;
       engine_options opt;
+      if (variant == 5) opt.plans_kept = 2;
       if (variant == 0) opt.staging_fraction.reset(); // no budget: every piece a slot of its own
       if (variant == 2) opt.staging_fraction = 0.02; // staging shared across stages
       if (variant == 3) opt.reuse_plans = false;
@@ -1032,12 +1049,16 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
       std::vector<int> rings(static_cast<std::size_t>(n), 0);
       auto body = [&](rank_t r, auto& boot, host_transport& tr) {
         engine<two_tier_topology, std::decay_t<decltype(boot)>, host_transport, host_transport> eng(topo, boot, tr, tr, opt);
-        // What the engine's plan must be: the rank's part of the matrix where planned, else the
-        // plan it last ran, transposed where the matrix is the last one's transposed.
+        // What the engine's plan must be: the rank's part of the matrix where planned, else a kept
+        // plan (of the matrix or its transpose: the most recently used), as it is or transposed.
         planner<two_tier_topology> pl(topo, opt.planning);
-        plan ref;
-        server_matrix ref_m;
-        for (const auto& [t, expected] : seq) {
+        struct kept {
+          traffic_matrix t;
+          plan p;
+          server_matrix m;
+        };
+        std::vector<kept> refs; // the most recently used first, at most opt.plans_kept
+        for (const auto& [t, expected] : calls) {
           if (t == nullptr) { // counts of the wrong size on rank 0: every rank refuses the call
             buffer_set b(d1, r);
             std::vector<std::uint64_t> counts = b.l.send_counts;
@@ -1055,15 +1076,29 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           if (!b.received(*t, r)) throw error("wrong bytes");
           const src from = eng.last_stats().plan_from;
           got[static_cast<std::size_t>(r)].push_back(from);
+          std::size_t at = 0;
+          while (at < refs.size() && from != src::planned && refs[at].t != *t && refs[at].t != t->transpose()) ++at;
           if (from == src::planned) {
             if (opt.staging_fraction) pl.set_staging_budget(staging_budget_for(largest_buffer(*t), *opt.staging_fraction, opt.planning));
-            pl.make_rank_into(*t, r, ref);
-            ref_m = pl.rail_matrix();
-          } else if (from == src::transposed) {
-            ref = transposed(ref, ref_m);
-            ref_m.transposeInPlace();
+            kept k{*t, plan{}, server_matrix{}};
+            pl.make_rank_into(*t, r, k.p);
+            k.m = pl.rail_matrix();
+            refs.insert(refs.begin(), std::move(k));
+            refs.resize(std::min(refs.size(), opt.plans_kept));
+          } else if (at == refs.size()) {
+            throw error("reused a plan of no kept matrix");
+          } else {
+            if (from == src::transposed) {
+              if (refs[at].t == *t) throw error("transposed a plan of the same matrix");
+              refs[at].p = transposed(refs[at].p, refs[at].m);
+              refs[at].m.transposeInPlace();
+              refs[at].t = *t;
+            } else if (refs[at].t != *t) {
+              throw error("the same plan for the transposed matrix");
+            }
+            std::rotate(refs.begin(), refs.begin() + static_cast<std::ptrdiff_t>(at), refs.begin() + static_cast<std::ptrdiff_t>(at) + 1);
           }
-          if (testing::rank_work(eng.last_plan(), r) != testing::rank_work(ref, r)) throw error("not the expected plan");
+          if (testing::rank_work(eng.last_plan(), r) != testing::rank_work(refs.front().p, r)) throw error("not the expected plan");
           if (const verify_result v = verify_rank_view(eng.last_plan(), *t); !v.ok) throw error("plan: " + v.error);
           rings[static_cast<std::size_t>(r)] += eng.last_plan().staging_ring > 0;
         }
@@ -1071,7 +1106,7 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
       if (variant == 4) check_no_errors(on_ranks<metered_shared_bootstrap<host_bootstrap>>(n, body));
       else check_no_errors(on_ranks<metered_bootstrap<host_bootstrap>>(n, body));
       std::vector<src> want;
-      for (const auto& [t, expected] : seq)
+      for (const auto& [t, expected] : calls)
         if (t != nullptr) want.push_back(variant == 3 ? src::planned : expected);
       for (rank_t r = 0; r < n; ++r) {
         CAPTURE(r);

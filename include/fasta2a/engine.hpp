@@ -74,13 +74,23 @@ struct engine_options {
   /// ranks that did not make the same last plan all plan anew. `last_stats().plan_from` says what a call did.
   /// Off: every call plans.
   bool reuse_plans = true;
+  /// Plans kept for reuse_plans, the most recently used first (1 to 32): a call whose matrix is
+  /// any kept plan's, or its transposed, runs that plan (the most recent such). One, the default,
+  /// is an MoE layer's dispatch and combine in inference. In training set it to the number of MoE
+  /// layers that share the engine: each layer's backward calls move the bytes of its forward calls
+  /// (the gradient of the combine retraces the dispatch, and that of the dispatch the combine), so
+  /// every backward call runs its layer's kept plan, with no planning after the forward pass. Each
+  /// kept plan costs a rank its view of the plan, 2 n words, and where staging is not shared across
+  /// stages the S x S server matrix; each call tests its row against every kept plan's row and
+  /// column (stopping at the first byte count that differs).
+  std::size_t plans_kept = 1;
 };
 
 /// Where a call's plan came from (engine_options::reuse_plans).
 enum class plan_source : std::uint8_t {
   planned,    ///< planned from the call's matrix
-  same,       ///< the last call's plan: the matrix was the last call's
-  transposed, ///< the last call's plan transposed: the matrix was the last call's transposed
+  same,       ///< a kept plan (the last call's, or one of plans_kept): the matrix was that plan's
+  transposed, ///< a kept plan transposed: the matrix was that plan's transposed
 };
 
 inline const char* to_string(plan_source s) noexcept {
@@ -96,7 +106,7 @@ struct call_stats {
   int exchanges = 0;     ///< bootstrap exchanges: 1 (counts); +1 when some rank's displacements are not
                          ///< packed (the displacements); +1 when a registration changed on some rank (handles)
   bool recovered = false; ///< this call first rebuilt the connections after a failed call (see engine)
-  plan_source plan_from = plan_source::planned; ///< planned, or the last call's plan (engine_options::reuse_plans)
+  plan_source plan_from = plan_source::planned; ///< planned, or a kept plan (engine_options::reuse_plans)
   int registrations = 0; ///< register_memory calls this rank made (per transport pair)
   std::size_t puts = 0;  ///< puts this rank issued (after coalescing)
   std::size_t pieces_sent = 0; ///< plan pieces this rank sent (one put each without coalescing)
@@ -400,6 +410,9 @@ public:
       throw error("engine: staging_fraction must be above 0 (got " + std::to_string(*opt_.staging_fraction) + ")");
     if (opt_.planning.staging_slots < 1) throw error("engine: planning.staging_slots must be at least 1");
     if (opt_.registration_cache < 2) throw error("engine: registration_cache must be at least 2 (send and receive)");
+    if (opt_.plans_kept < 1 || opt_.plans_kept > max_plans_kept)
+      throw error("engine: plans_kept must be 1 to " + std::to_string(max_plans_kept) + " (got " +
+                  std::to_string(opt_.plans_kept) + ")");
     if (bounce_ && !Out::can_register(memory_kind::host))
       throw error(std::string("engine: the scale-out transport registers neither ") + to_string(M::kind) +
                   " memory nor host memory to bounce it through");
@@ -438,7 +451,7 @@ public:
   /// Bytes of staging memory this rank holds (grown to the largest plan so far).
   bytes_t staging_bytes() const noexcept { return staging_.size(); }
   /// This rank's view of the last call's plan.
-  const plan& last_plan() const noexcept { return plan_; }
+  const plan& last_plan() const noexcept { return plan_(); }
   /// This rank's program of the last call.
   const rank_program& last_program() const noexcept { return cur_.program; }
   const call_stats& last_stats() const noexcept { return stats_; }
@@ -624,11 +637,11 @@ private:
     h_failed,     ///< its last call failed once bytes could move: every rank recovers (see recover)
     h_buffer,     ///< the larger of the bytes it sends and the bytes it receives (the staging budget's base)
     h_plan,       ///< the generation of its last plan, 0 if none can be reused (engine_options::reuse_plans)
-    h_match,      ///< its send counts against its last plan's (reuse_plans): bit 0 its row, bit 1 its column
+    h_match,      ///< its send counts against the kept plans' (reuse_plans): bit 2i its row of plan i's matrix, 2i + 1 its column
     header_words
   };
   static constexpr std::uint64_t send_packed = 1, recv_packed = 2;
-  static constexpr std::uint64_t row_matches = 1, column_matches = 2;
+  static constexpr std::size_t max_plans_kept = 32; // two bits each in h_match
   std::size_t counts_words() const noexcept { return static_cast<std::size_t>(n_) + header_words; }
   /// Header word k of rank r's blob in the last counts exchange.
   std::uint64_t word(rank_t r, std::size_t k) const noexcept {
@@ -701,6 +714,7 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
     h.mix(opt_.staging_fraction.value_or(0.0));
     h.mix(static_cast<std::uint64_t>(opt_.reuse_plans)); // every rank must decide alike
+    h.mix(static_cast<std::uint64_t>(opt_.plans_kept));
     h.mix(decomposer_digest);
     h.mix(static_cast<std::uint64_t>(M::kind));
     h.mix(static_cast<std::uint64_t>(Up::handle_bytes));
@@ -807,7 +821,7 @@ private:
     }
     const auto t3 = clock::now();
     try {
-      builder_.build(plan_, me_, layout{this}, cur_.program);
+      builder_.build(plan_(), me_, layout{this}, cur_.program);
       bind(cur_, *sreg, send, *rreg, recv);
     } catch (...) {
       abandon(rreg, staging_reg_ ? &*staging_reg_ : nullptr);
@@ -1093,9 +1107,12 @@ private:
         recv_bytes_.resize(nn);
         for (std::size_t j = 0; j < nn; ++j) recv_bytes_[j] = recv_counts[j] * elem_size;
         if (plan_gen_ != 0) {
-          const bool row = std::equal(mine_.begin(), mine_.begin() + static_cast<std::ptrdiff_t>(nn), last_row_.begin(), last_row_.end());
-          const bool col = std::equal(mine_.begin(), mine_.begin() + static_cast<std::ptrdiff_t>(nn), last_col_.begin(), last_col_.end());
-          h[h_match] = (row ? row_matches : 0) | (col ? column_matches : 0);
+          const auto first = mine_.begin(), last = mine_.begin() + static_cast<std::ptrdiff_t>(nn);
+          for (std::size_t i = 0; i < kept_.size(); ++i) {
+            const kept_plan& k = kept_[i];
+            h[h_match] |= static_cast<std::uint64_t>(std::equal(first, last, k.row.begin(), k.row.end())) << (2 * i);
+            h[h_match] |= static_cast<std::uint64_t>(std::equal(first, last, k.col.begin(), k.col.end())) << (2 * i + 1);
+          }
         }
       }
       std::uint64_t out = 0, in = 0; // fit in 64 bits: the counts end inside the buffers (check_arguments)
@@ -1236,12 +1253,13 @@ private:
     s.out.reset();
   }
 
-  // This call's plan (this rank's part): the last call's, as it is or transposed, where
-  // engine_options::reuse_plans finds the matrix the same or transposed, else planned. Every rank
-  // decides alike: from the same gathered counts and headers, and only where every rank's last
-  // plan has the same generation (all ranks made the same plans since they last disagreed).
+  // This call's plan (this rank's part): a kept plan, as it is or transposed, where
+  // engine_options::reuse_plans finds the matrix the same as that plan's or transposed, else
+  // planned. Every rank decides alike: from the same headers (every rank's answers for its own
+  // row), and only where every rank's last plan has the same generation (all ranks made the same
+  // plans since they last disagreed, so they keep the same plans in the same order).
   void make_plan(bytes_t budget) {
-    std::uint64_t newest = 0, match = row_matches | column_matches;
+    std::uint64_t newest = 0, match = ~std::uint64_t{0};
     bool agree = true;
     for (rank_t r = 0; r < n_; ++r) {
       newest = std::max(newest, word(r, h_plan));
@@ -1249,31 +1267,51 @@ private:
       match &= word(r, h_match);
     }
     plan_source from = plan_source::planned;
-    if (opt_.reuse_plans && agree && plan_gen_ != 0 && newest == plan_gen_ && budget == last_budget_)
-      from = (match & row_matches) != 0 ? plan_source::same : (match & column_matches) != 0 ? plan_source::transposed : plan_source::planned;
-    if (from == plan_source::transposed && plan_.per_rail()) from = plan_source::planned; // transpose_into refuses them
+    std::size_t at = 0; // the kept plan it comes from, the most recently used that fits
+    if (opt_.reuse_plans && agree && plan_gen_ != 0 && newest == plan_gen_)
+      for (; at < kept_.size() && from == plan_source::planned; ++at) {
+        const kept_plan& k = kept_[at];
+        if (k.budget != budget) continue;
+        if ((match >> (2 * at)) & 1) from = plan_source::same;
+        else if (((match >> (2 * at + 1)) & 1) && !k.p.per_rail()) from = plan_source::transposed; // transpose_into refuses per-rail plans
+      }
     plan_gen_ = 0; // until this call's plan is made (planning can throw, on every rank alike)
-    if (from == plan_source::transposed) {
-      // The last plan's M: the planner's (of the last plan it made), transposed as often as that
-      // plan was since (made only then: a dispatch's combine transposes the planner's own plan).
-      const server_matrix& m = planner_->rail_matrix();
-      if (flipped_) flipped_m_ = m.transpose();
-      transpose_into<static_gpus_v<Topo>>(plan_, flipped_ ? flipped_m_ : m, spare_);
-      std::swap(plan_, spare_);
-      flipped_ = !flipped_;
-    } else if (from == plan_source::planned) {
-      // This rank's part only, from the gathered counts in place (the same error on every rank).
-      planner_->make_rank_into(traffic(), me_, plan_);
-      flipped_ = false;
+    if (from != plan_source::planned) {
+      --at;
+      kept_plan& k = kept_[at];
+      if (from == plan_source::transposed) {
+        // Its M is read only where staging is not shared across stages (the regions' bases).
+        const bool placed = k.p.staged && k.p.staging_ring == 0;
+        if (placed && k.flipped) flipped_m_ = k.m.transpose();
+        transpose_into<static_gpus_v<Topo>>(k.p, k.flipped ? flipped_m_ : k.m, spare_);
+        std::swap(k.p, spare_);
+        k.flipped = !k.flipped;
+        std::swap(k.row, k.col); // this rank's row of the transposed matrix is its column of the matrix
+      }
+      std::rotate(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(at), kept_.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    } else {
+      // This rank's part only, from the gathered counts in place (the same error on every rank),
+      // into the least recently used kept plan (or a new one, while fewer are kept), made the
+      // first; its row and column are cleared until it is made, so that a failed planning leaves
+      // nothing another call could match.
+      const std::size_t keep = opt_.reuse_plans ? opt_.plans_kept : 1;
+      if (kept_.size() < keep) kept_.emplace_back();
+      std::rotate(kept_.begin(), kept_.end() - 1, kept_.end());
+      kept_plan& k = kept_.front();
+      k.row.clear();
+      k.col.clear();
+      planner_->make_rank_into(traffic(), me_, k.p);
+      k.flipped = false;
+      if (k.p.staged && k.p.staging_ring == 0 && opt_.reuse_plans) k.m = planner_->rail_matrix();
+      k.budget = budget;
+      if (opt_.reuse_plans) {
+        const std::uint64_t* row = all_ + static_cast<std::size_t>(me_) * counts_words();
+        k.row.assign(row, row + n_);
+        std::swap(k.col, recv_bytes_);
+      }
     }
     stats_.plan_from = from;
-    if (!opt_.reuse_plans) return;
-    // Keep this rank's row and column of this call's matrix for the next call's test.
-    const std::uint64_t* row = all_ + static_cast<std::size_t>(me_) * counts_words();
-    last_row_.assign(row, row + n_);
-    std::swap(last_col_, recv_bytes_);
-    last_budget_ = budget;
-    plan_gen_ = newest + 1;
+    if (opt_.reuse_plans) plan_gen_ = newest + 1;
   }
 
   // Every rank reaches the same answer: staging capacities are tracked for every rank from the
@@ -1282,7 +1320,7 @@ private:
   bool staging_and_handles_needed() {
     bool needed = false;
     for (rank_t r = 0; r < n_; ++r) {
-      const bytes_t need = plan_.staging_bytes.empty() ? 0 : plan_.staging_bytes[static_cast<std::size_t>(r)];
+      const bytes_t need = plan_().staging_bytes.empty() ? 0 : plan_().staging_bytes[static_cast<std::size_t>(r)];
       if (need > staging_cap_[static_cast<std::size_t>(r)]) {
         staging_cap_[static_cast<std::size_t>(r)] = need;
         needed = true;
@@ -1464,7 +1502,10 @@ private:
   // Some rank's last call failed (all ranks see it in the same exchange): start over with new
   // connections and forget every peer's handle, so that they are exchanged again in this call.
   void recover(const std::string& failed) {
-    plan_gen_ = 0; // every rank recovers in this call: none reuses a plan in it
+    plan_gen_ = 0; // every rank recovers in this call: none reuses a plan in it, and none is kept
+    kept_.resize(1);
+    kept_.front().row.clear();
+    kept_.front().col.clear();
     drain(); // queued calls finish (or are released, after a failure) before the connections go
     try {
       retire(up_conn_, retired_up_);
@@ -1499,8 +1540,8 @@ private:
   // Resolves this call's buffers: local registrations and base offsets, peers' receive entries,
   // opening a peer's handle the first time this rank puts into it.
   void bind(exec& x, registration& sreg, std::span<const std::byte> send, registration& rreg, std::span<std::byte> recv) {
-    x.staged = plan_.staged;
-    x.rails_apart = plan_.per_rail();
+    x.staged = plan_().staged;
+    x.rails_apart = plan_().per_rail();
     x.send_reg = sreg;
     x.recv_reg = rreg;
     x.staging_reg = staging_reg_ ? *staging_reg_ : registration{};
@@ -1914,7 +1955,6 @@ private:
   rank_t n_ = 0, me_ = 0;
   int G_ = 1;
   std::uint64_t digest_ = 0;
-  plan plan_;
   call_stats stats_;
   program_builder<layout> builder_;
   exec cur_; ///< the call being prepared (host form: and executed)
@@ -1927,17 +1967,26 @@ private:
   const std::uint64_t* all_ = nullptr;
   std::shared_ptr<const std::vector<std::byte>> all_shared_;
   std::vector<std::uint64_t> all_own_, column_check_;
-  // The last plan's call (engine_options::reuse_plans): this rank's row and column of its matrix
-  // (bytes; the column from this call's receive counts until make_plan keeps it), whether the plan
-  // is the planner's last transposed (an odd number of times: its M is then the planner's
-  // transposed), its staging budget, and its generation (0: none to reuse), which every rank sends
-  // in its header.
-  std::vector<bytes_t> last_row_, last_col_, recv_bytes_;
-  bool flipped_ = false;
+  // Kept plans (engine_options::reuse_plans, plans_kept), the most recently used first; the first
+  // is this call's (and the only one where reuse is off). Each: this rank's view, its M where
+  // transposing reads it (staged plans sharing no staging) as the planner made it, whether the
+  // view is the planner's transposed (an odd number of times: M is then transposed), this rank's
+  // row and column of the plan's matrix (bytes), and its staging budget. The generation of the
+  // last plan (0: none to reuse) goes in every rank's header; recv_bytes_ is this call's column
+  // until a plan made in it keeps it.
+  struct kept_plan {
+    plan p;
+    server_matrix m;
+    bool flipped = false;
+    std::vector<bytes_t> row, col;
+    bytes_t budget = 0;
+  };
+  std::vector<kept_plan> kept_ = std::vector<kept_plan>(1);
+  std::vector<bytes_t> recv_bytes_;
   server_matrix flipped_m_;
-  bytes_t last_budget_ = 0;
   std::uint64_t plan_gen_ = 0;
-  plan spare_; ///< transpose_into's target, swapped with plan_
+  plan spare_; ///< transpose_into's target, swapped with a kept plan's
+  const plan& plan_() const noexcept { return kept_.front().p; }
   // Displacements: prefix sums of the send counts for this server's messages where every rank's
   // are packed (4 G n words), else the second exchange's (null where not exchanged).
   rank_t home_ = 0; ///< this server's first rank
