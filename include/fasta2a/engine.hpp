@@ -1094,9 +1094,11 @@ private:
       h[h_recv_id] = rreg->id;
       h[h_recv_base] = static_cast<std::uint64_t>(recv.data() - rreg->ptr);
       std::uint64_t check = 0, first = 0;
+      recv_bytes_.resize(nn);
       for (std::size_t j = 0; j < nn; ++j) {
         mine_[j] = send_counts[j] * elem_size;
-        check += recv_counts[j] * elem_size * check_weight(static_cast<rank_t>(j));
+        recv_bytes_[j] = recv_counts[j] * elem_size;
+        check += recv_bytes_[j] * check_weight(static_cast<rank_t>(j));
       }
       h[h_recv_check] = check;
       if (opt_.reuse_plans) {
@@ -1104,8 +1106,6 @@ private:
         // transposed iff every rank's row is its column of it (the bytes every rank sent it then,
         // which its receive counts were checked against): each rank tests its own, in O(n), and
         // make_plan combines the answers from the headers, the same on every rank.
-        recv_bytes_.resize(nn);
-        for (std::size_t j = 0; j < nn; ++j) recv_bytes_[j] = recv_counts[j] * elem_size;
         if (plan_gen_ != 0) {
           const auto first = mine_.begin(), last = mine_.begin() + static_cast<std::ptrdiff_t>(nn);
           for (std::size_t i = 0; i < kept_.size(); ++i) {
@@ -1116,7 +1116,7 @@ private:
         }
       }
       std::uint64_t out = 0, in = 0; // fit in 64 bits: the counts end inside the buffers (check_arguments)
-      for (std::size_t j = 0; j < nn; ++j) out += mine_[j], in += recv_counts[j] * elem_size;
+      for (std::size_t j = 0; j < nn; ++j) out += mine_[j], in += recv_bytes_[j];
       h[h_buffer] = std::max(out, in);
       if (packed(send_counts, send_displs, first)) h[h_packed] |= send_packed, h[h_send_first] = first * elem_size;
       if (packed(recv_counts, recv_displs, first)) h[h_packed] |= recv_packed, h[h_recv_first] = first * elem_size;
@@ -1267,25 +1267,27 @@ private:
       match &= word(r, h_match);
     }
     plan_source from = plan_source::planned;
-    std::size_t at = 0; // the kept plan it comes from, the most recently used that fits
+    std::size_t at = 0; // the kept plan it comes from: the most recently used that fits
     if (opt_.reuse_plans && agree && plan_gen_ != 0 && newest == plan_gen_)
-      for (; at < kept_.size() && from == plan_source::planned; ++at) {
-        const kept_plan& k = kept_[at];
-        if (k.budget != budget) continue;
-        if ((match >> (2 * at)) & 1) from = plan_source::same;
-        else if (((match >> (2 * at + 1)) & 1) && !k.p.per_rail()) from = plan_source::transposed; // transpose_into refuses per-rail plans
+      for (; at < kept_.size(); ++at) {
+        if (kept_[at].budget != budget) continue;
+        if ((match >> (2 * at)) & 1) {
+          from = plan_source::same;
+          break;
+        }
+        if (((match >> (2 * at + 1)) & 1) && !kept_[at].p.per_rail()) { // transpose_into refuses per-rail plans
+          from = plan_source::transposed;
+          break;
+        }
       }
     plan_gen_ = 0; // until this call's plan is made (planning can throw, on every rank alike)
     if (from != plan_source::planned) {
-      --at;
       kept_plan& k = kept_[at];
       if (from == plan_source::transposed) {
-        // Its M is read only where staging is not shared across stages (the regions' bases).
-        const bool placed = k.p.staged && k.p.staging_ring == 0;
-        if (placed && k.flipped) flipped_m_ = k.m.transpose();
-        transpose_into<static_gpus_v<Topo>>(k.p, k.flipped ? flipped_m_ : k.m, spare_);
+        transpose_into<static_gpus_v<Topo>>(k.p, k.m, spare_);
         std::swap(k.p, spare_);
-        k.flipped = !k.flipped;
+        // Its M is read only where staging is not shared across stages (the regions' bases).
+        if (k.p.staged && k.p.staging_ring == 0) k.m.transposeInPlace();
         std::swap(k.row, k.col); // this rank's row of the transposed matrix is its column of the matrix
       }
       std::rotate(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(at), kept_.begin() + static_cast<std::ptrdiff_t>(at) + 1);
@@ -1301,7 +1303,6 @@ private:
       k.row.clear();
       k.col.clear();
       planner_->make_rank_into(traffic(), me_, k.p);
-      k.flipped = false;
       if (k.p.staged && k.p.staging_ring == 0 && opt_.reuse_plans) k.m = planner_->rail_matrix();
       k.budget = budget;
       if (opt_.reuse_plans) {
@@ -1969,21 +1970,18 @@ private:
   std::vector<std::uint64_t> all_own_, column_check_;
   // Kept plans (engine_options::reuse_plans, plans_kept), the most recently used first; the first
   // is this call's (and the only one where reuse is off). Each: this rank's view, its M where
-  // transposing reads it (staged plans sharing no staging) as the planner made it, whether the
-  // view is the planner's transposed (an odd number of times: M is then transposed), this rank's
+  // transposing reads it (staged plans sharing no staging; transposed with the view), this rank's
   // row and column of the plan's matrix (bytes), and its staging budget. The generation of the
   // last plan (0: none to reuse) goes in every rank's header; recv_bytes_ is this call's column
   // until a plan made in it keeps it.
   struct kept_plan {
     plan p;
     server_matrix m;
-    bool flipped = false;
     std::vector<bytes_t> row, col;
     bytes_t budget = 0;
   };
   std::vector<kept_plan> kept_ = std::vector<kept_plan>(1);
   std::vector<bytes_t> recv_bytes_;
-  server_matrix flipped_m_;
   std::uint64_t plan_gen_ = 0;
   plan spare_; ///< transpose_into's target, swapped with a kept plan's
   const plan& plan_() const noexcept { return kept_.front().p; }
