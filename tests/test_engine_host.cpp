@@ -1007,7 +1007,9 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
   // budget and a tight one (staging shared across stages), and with reuse off (every call planned). A call with bad arguments
   // (refused on every rank before planning) between a dispatch and its combine changes nothing.
   // With two plans kept, a training step over three layers: the backward calls of the last two
-  // layers run their forward plans, the first layer's (pushed out) is planned again.
+  // layers run their forward plans, the first layer's (pushed out) is planned again. Per-rail
+  // plans (each rail on stages of its own, regions that are their streams) the same, without a
+  // budget and, in the training step, with the default one.
   using src = plan_source;
   std::mt19937_64 rng(5150);
   for (const two_tier_topology topo : {two_tier_topology(2, 4), two_tier_topology(4, 4), two_tier_topology(3, 5)}) {
@@ -1036,13 +1038,14 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
         {&d2, src::transposed},  {&d2t, src::transposed}, {&d1, src::planned},      {&d1t, src::transposed},
         {&d2t, src::same},       {nullptr, src::planned}, {&d1, src::transposed},   {&near, src::planned},
     };
-    for (int variant = 0; variant < 6; ++variant) {
+    for (int variant = 0; variant < 8; ++variant) {
       CAPTURE(n);
       CAPTURE(variant);
-      const auto& calls = variant == 5 ? training : seq;
+      const auto& calls = variant == 5 || variant == 7 ? training : seq;
       engine_options opt;
-      if (variant == 5) opt.plans_kept = 2;
-      if (variant == 0) opt.staging_fraction.reset(); // no budget: every piece a slot of its own
+      if (variant == 5 || variant == 7) opt.plans_kept = 2;
+      if (variant >= 6) opt.planning.rails = rail_schedule::per_rail;
+      if (variant == 0 || variant == 6) opt.staging_fraction.reset(); // no budget: every piece a slot of its own
       if (variant == 2) opt.staging_fraction = 0.02; // staging shared across stages
       if (variant == 3) opt.reuse_plans = false;
       std::vector<std::vector<src>> got(static_cast<std::size_t>(n));
@@ -1056,6 +1059,7 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           traffic_matrix t;
           plan p;
           server_matrix m;
+          std::vector<bytes_t> balance;
         };
         std::vector<kept> refs; // the most recently used first, at most opt.plans_kept
         for (const auto& [t, expected] : calls) {
@@ -1080,9 +1084,10 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           while (at < refs.size() && from != src::planned && refs[at].t != *t && refs[at].t != t->transpose()) ++at;
           if (from == src::planned) {
             if (opt.staging_fraction) pl.set_staging_budget(staging_budget_for(largest_buffer(*t), *opt.staging_fraction, opt.planning));
-            kept k{*t, plan{}, server_matrix{}};
+            kept k{*t, plan{}, server_matrix{}, {}};
             pl.make_rank_into(*t, r, k.p);
             k.m = pl.rail_matrix();
+            k.balance = pl.balance_bytes();
             refs.insert(refs.begin(), std::move(k));
             refs.resize(std::min(refs.size(), opt.plans_kept));
           } else if (at == refs.size()) {
@@ -1090,8 +1095,10 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           } else {
             if (from == src::transposed) {
               if (refs[at].t == *t) throw error("transposed a plan of the same matrix");
-              refs[at].p = transposed(refs[at].p, refs[at].m);
+              refs[at].p = transposed(refs[at].p, refs[at].m, refs[at].balance);
               refs[at].m.transposeInPlace();
+              for (std::size_t x = 0; x < refs[at].balance.size(); ++x)
+                refs[at].balance[x] = refs[at].p.staging_bytes[x] - refs[at].balance[x];
               refs[at].t = *t;
             } else if (refs[at].t != *t) {
               throw error("the same plan for the transposed matrix");
@@ -1101,6 +1108,7 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           if (testing::rank_work(eng.last_plan(), r) != testing::rank_work(refs.front().p, r)) throw error("not the expected plan");
           if (const verify_result v = verify_rank_view(eng.last_plan(), *t); !v.ok) throw error("plan: " + v.error);
           rings[static_cast<std::size_t>(r)] += eng.last_plan().staging_ring > 0;
+          if ((variant >= 6) != eng.last_plan().per_rail()) throw error("per-rail where not asked, or shared where asked");
         }
       };
       if (variant == 4) check_no_errors(on_ranks<metered_shared_bootstrap<host_bootstrap>>(n, body));

@@ -66,7 +66,7 @@ struct engine_options {
   /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
   /// matrix is the last call's again runs the same plan, instead of planning: at 64 GPUs a rank's
   /// part then takes about 1 us instead of 10-20 (README, "Plans of the transposed matrix"). Only
-  /// where the staging budget is the same too; per-rail plans are not transposed. Each rank tests
+  /// where the staging budget is the same too (per-rail plans included). Each rank tests
   /// its own send counts against its row and its column of the last plan's matrix (2n words kept),
   /// before the counts exchange, and sends the two answers in its header: the matrix is the same
   /// where every rank's row is, and transposed where every rank's row is its old column, so every
@@ -238,6 +238,9 @@ public:
   virtual void set_staging_budget(bytes_t bytes) = 0;
   /// M of the last plan (planner::rail_matrix), for transposing it.
   virtual const server_matrix& rail_matrix() const = 0;
+  /// Every rank's balance bytes in the last plan (planner::balance_bytes), for transposing a
+  /// per-rail plan.
+  virtual std::vector<bytes_t> balance_bytes() const = 0;
 };
 
 template <Topology Topo, Decomposer D>
@@ -247,6 +250,7 @@ public:
   void make_rank_into(const traffic_view& t, rank_t r, plan& p) override { planner_.make_rank_into(t, r, p); }
   void set_staging_budget(bytes_t bytes) override { planner_.set_staging_budget(bytes); }
   const server_matrix& rail_matrix() const override { return planner_.rail_matrix(); }
+  std::vector<bytes_t> balance_bytes() const override { return planner_.balance_bytes(); }
 
 private:
   planner<Topo, D> planner_;
@@ -1275,7 +1279,7 @@ private:
           from = plan_source::same;
           break;
         }
-        if (((match >> (2 * at + 1)) & 1) && !kept_[at].p.per_rail()) { // transpose_into refuses per-rail plans
+        if ((match >> (2 * at + 1)) & 1) {
           from = plan_source::transposed;
           break;
         }
@@ -1284,10 +1288,17 @@ private:
     if (from != plan_source::planned) {
       kept_plan& k = kept_[at];
       if (from == plan_source::transposed) {
-        transpose_into<static_gpus_v<Topo>>(k.p, k.m, spare_);
+        transpose_into<static_gpus_v<Topo>>(k.p, k.m, spare_, k.balance);
         std::swap(k.p, spare_);
-        // Its M is read only where staging is not shared across stages (the regions' bases).
-        if (k.p.staged && k.p.staging_ring == 0) k.m.transposeInPlace();
+        // Its M (or a per-rail plan's balance bytes) is read only where staging is not shared
+        // across stages (the regions' bases). A rank's balance part of the transposed plan is its
+        // receive part of the plan.
+        if (k.p.staged && k.p.staging_ring == 0) {
+          if (k.p.per_rail())
+            for (std::size_t r = 0; r < k.balance.size(); ++r) k.balance[r] = k.p.staging_bytes[r] - k.balance[r];
+          else
+            k.m.transposeInPlace();
+        }
         std::swap(k.row, k.col); // this rank's row of the transposed matrix is its column of the matrix
       }
       std::rotate(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(at), kept_.begin() + static_cast<std::ptrdiff_t>(at) + 1);
@@ -1303,7 +1314,10 @@ private:
       k.row.clear();
       k.col.clear();
       planner_->make_rank_into(traffic(), me_, k.p);
-      if (k.p.staged && k.p.staging_ring == 0 && opt_.reuse_plans) k.m = planner_->rail_matrix();
+      if (k.p.staged && k.p.staging_ring == 0 && opt_.reuse_plans) {
+        if (k.p.per_rail()) k.balance = planner_->balance_bytes();
+        else k.m = planner_->rail_matrix();
+      }
       k.budget = budget;
       if (opt_.reuse_plans) {
         const std::uint64_t* row = all_ + static_cast<std::size_t>(me_) * counts_words();
@@ -1977,6 +1991,7 @@ private:
   struct kept_plan {
     plan p;
     server_matrix m;
+    std::vector<bytes_t> balance; ///< a per-rail plan's, for transposing it (planner::balance_bytes)
     std::vector<bytes_t> row, col;
     bytes_t budget = 0;
   };

@@ -296,6 +296,28 @@ public:
   void set_staging_budget(bytes_t b) noexcept { opt_.staging_budget = b; }
   /// M of the last plan: per-rail bytes between servers.
   const server_matrix& rail_matrix() const noexcept { return m_; }
+  /// Per rank (server * G + rail), the bytes of the last plan's staging that the rank's balance
+  /// regions take: its buffer holds them first, then its receive regions (detail::staging_layout).
+  /// What transposing a per-rail plan reads besides the plan (transpose_into); all 0 where the last
+  /// plan stages nothing. Like rail_matrix(), it describes the last plan made, whole or a view.
+  std::vector<bytes_t> balance_bytes() const {
+    const int S = topo_.servers(), G = gpus();
+    const std::size_t SG = static_cast<std::size_t>(S) * static_cast<std::size_t>(G);
+    std::vector<bytes_t> b(SG, 0);
+    if (!last_staged_) return b;
+    if (last_view_) { // rail_layout summed them for every rank
+      std::copy_n(out_sum_.begin(), SG, b.begin());
+      return b;
+    }
+    for (int s = 0; s < S; ++s)
+      for (int d = 0; d < S; ++d) {
+        if (s == d) continue;
+        for (int k = 0; k < G; ++k) // a per-rail plan's region is its stream, a shared plan's M(s, d)
+          b[static_cast<std::size_t>(s) * G + k] +=
+              rails_ ? caps_[(static_cast<std::size_t>(s) * S + d) * G + k] : m_(s, d);
+      }
+    return b;
+  }
 
   /// The plan for traffic matrix t (ranks x ranks bytes; a traffic_matrix, or a view of rows that
   /// lie apart, read in place). Throws fasta2a::error on a matrix that does not fit the topology or
@@ -395,6 +417,8 @@ private:
       stages_.reset(S);
       rails_ = false;
     }
+    last_view_ = view >= 0;
+    last_staged_ = p.staged;
     p.stage_weight.assign(stages_.weights.begin(), stages_.weights.end());
     p.stage_perm.assign(stages_.perms.begin(), stages_.perms.end());
     if (rails_) {
@@ -1581,6 +1605,7 @@ private:
   // Per-rail schedules (plan_options::rails): whether the plan being made has them, each pair's
   // rail and bytes, each rail's matrix and stages, and the plan's rail arrays.
   bool rails_ = false;
+  bool last_view_ = false, last_staged_ = false; // of the last plan made (balance_bytes)
   std::vector<std::uint32_t> rail_of_;
   std::vector<bytes_t> pair_bytes_, load_out_, load_in_, line_, rail_weight_;
   std::vector<detail::valued_pair> order_, sort_tmp_; // pairs with bytes, largest first (choose_rails)

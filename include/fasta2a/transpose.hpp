@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,16 +53,21 @@ constexpr op_kind reversed(op_kind k) noexcept {
 /// view transposes to the view of the same transposed whole plan. Transposing twice gives p back.
 ///
 /// `m` is p's M, the per-rail bytes between servers (planner::rail_matrix() right after making p;
-/// out's is its transpose); it places the staging of a staged plan that shares no staging across
-/// stages, and is not read otherwise. SG: the GPUs per server when known at compile time (0: read
-/// from the plan). Throws fasta2a::error for a per-rail plan (plan::per_rail: each rail's regions
-/// are its own streams, which a view does not know for the pairs it does not touch), an `m` that is
-/// not servers x servers where it is read, or a stage permutation naming no server.
+/// out's is its transpose); it places the staging of a staged shared plan that shares no staging
+/// across stages, and is not read otherwise. A per-rail plan (plan::per_rail) places its staging
+/// from `balance` instead: every rank's bytes of balance regions (planner::balance_bytes() right
+/// after making p; out's is p's staging_bytes less it). Each rail's regions there are its own
+/// streams, which a view does not hold for the pairs it does not touch; but a rank's balance
+/// regions of the transposed plan are its receive regions of p, in the same order, and its receive
+/// regions its balance regions, so each offset only moves by the size of the part it leaves.
+/// SG: the GPUs per server when known at compile time (0: read from the plan). Throws
+/// fasta2a::error for an `m` that is not servers x servers or a `balance` that is not one size per
+/// rank (or exceeds a rank's staging) where it is read, or a stage permutation naming no server.
 template <int SG = 0>
-void transpose_into(const plan& p, const server_matrix& m, plan& out) {
+void transpose_into(const plan& p, const server_matrix& m, plan& out, std::span<const bytes_t> balance = {}) {
   if (&p == &out) {
     plan q;
-    transpose_into<SG>(p, m, q);
+    transpose_into<SG>(p, m, q, balance);
     out = std::move(q);
     return;
   }
@@ -70,13 +76,20 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
   if (SG > 0 && G != SG)
     throw error("transpose: the plan has " + std::to_string(G) + " GPUs per server, this instance expects " +
                 std::to_string(SG));
-  if (p.per_rail())
-    throw error("transpose: per-rail plans are not transposed (each rail's staging regions are its own streams, "
-                "which a rank's view does not hold); plan the transposed matrix instead");
   const rank_t n = p.ranks();
   const bool ring = p.staging_ring > 0;
   const bool placed = p.staged && !ring; // staging offsets from the regions' bases
-  if (placed && (m.rows() != S || m.cols() != S))
+  const bool rails = p.per_rail();
+  if (placed && rails) {
+    if (balance.size() != static_cast<std::size_t>(n) || p.staging_bytes.size() != balance.size())
+      throw error("transpose: a per-rail plan needs every rank's balance bytes (planner::balance_bytes()): " +
+                  std::to_string(balance.size()) + " given, the plan has " + std::to_string(n) + " ranks");
+    for (std::size_t r = 0; r < balance.size(); ++r)
+      if (balance[r] > p.staging_bytes[r])
+        throw error("transpose: rank " + std::to_string(r) + "'s balance bytes (" + std::to_string(balance[r]) +
+                    ") exceed its staging (" + std::to_string(p.staging_bytes[r]) + ")");
+  }
+  if (placed && !rails && (m.rows() != S || m.cols() != S))
     throw error("transpose: the server matrix is " + std::to_string(m.rows()) + " x " + std::to_string(m.cols()) +
                 ", the plan has " + std::to_string(S) + " servers");
 
@@ -105,8 +118,17 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
   out.staging_bytes = p.staging_bytes;
   out.staging_ring = p.staging_ring;
   out.staging_slot = p.staging_slot;
-  out.rail_perm.clear();
-  out.rail_weight.clear();
+  // Per-rail stages: each rail's t-th permutation inverted, the same weights.
+  out.rail_weight = p.rail_weight;
+  out.rail_perm.assign(p.rail_perm.size(), -1);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(S) <= p.rail_perm.size(); i += static_cast<std::size_t>(S))
+    for (int s = 0; s < S; ++s) {
+      const std::int32_t d = p.rail_perm[i + static_cast<std::size_t>(s)];
+      if (d < -1 || d >= S)
+        throw error("transpose: a rail's stage sends server " + std::to_string(s) + " to " + std::to_string(d) +
+                    ", which is no server");
+      if (d >= 0) out.rail_perm[i + static_cast<std::size_t>(d)] = s;
+    }
 
   // The regions' bases (detail::staging_layout, where region (s, d) is M(s, d)): at rank (s, k) the
   // balance region of (s, d) starts at row(s, d) = sum of M(s, x < d); at rank (d, k) the receive
@@ -120,7 +142,7 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
   const bool whole = p.view < 0;
   const auto h = static_cast<std::uint32_t>(whole ? 0 : p.view / G);
   std::vector<bytes_t> row, col, rowsum, colsum; // whole: [s * S + d]; view: [d] of (h, d), then [S + s] of (s, h)
-  if (placed) {
+  if (placed && !rails) {
     row.assign(whole ? SS : 2 * static_cast<std::size_t>(S), 0);
     col.assign(row.size(), 0);
     rowsum.assign(static_cast<std::size_t>(S), 0);
@@ -163,6 +185,11 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
       const bytes_t at = out_was ? a.stage_out : a.stage_in - in_ring;
       b.stage_out = in_was ? at : no_staging;
       b.stage_in = out_was ? in_ring + at : no_staging;
+    } else if (rails) { // the rail target's receive part becomes its balance part, the source's the other way
+      const auto k = static_cast<std::uint32_t>(a.rail);
+      const std::size_t rs = static_cast<std::size_t>(s) * g + k, rd = static_cast<std::size_t>(d) * g + k;
+      b.stage_out = in_was ? a.stage_in - balance[rd] : no_staging;
+      b.stage_in = out_was ? a.stage_out + (p.staging_bytes[rs] - balance[rs]) : no_staging;
     } else { // the same position of the rail stream, in the transposed pair's regions
       const bytes_t pos = out_was ? a.stage_out - row[sd] : a.stage_in - (rowsum[d] + col[sd]);
       b.stage_out = in_was ? col[sd] + pos : no_staging;
@@ -206,9 +233,9 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out) {
 
 /// As transpose_into, returning the plan.
 template <int SG = 0>
-plan transposed(const plan& p, const server_matrix& m) {
+plan transposed(const plan& p, const server_matrix& m, std::span<const bytes_t> balance = {}) {
   plan q;
-  transpose_into<SG>(p, m, q);
+  transpose_into<SG>(p, m, q, balance);
   return q;
 }
 

@@ -158,32 +158,36 @@ void BM_synthesis_zipf_fresh(benchmark::State& state) {
 // made before the timing). The same inputs and ranks both ways.
 template <class D>
 void combine_with(benchmark::State& state, const std::vector<traffic_matrix>& dispatch, int servers, bool rank_view,
-                  bool from_dispatch) {
-  planner<fixed_topology<8>, D> pl(h200_cluster(servers), {.granule = 8192});
+                  bool from_dispatch, rail_schedule rails) {
+  planner<fixed_topology<8>, D> pl(h200_cluster(servers), {.granule = 8192, .rails = rails});
   const rank_t ranks = servers * 8;
   std::vector<traffic_matrix> combine;
   std::vector<plan> made(dispatch.size());
   std::vector<server_matrix> m(dispatch.size());
+  std::vector<std::vector<bytes_t>> balance(dispatch.size());
   for (std::size_t k = 0; k < dispatch.size(); ++k) {
     combine.push_back(dispatch[k].transpose());
     const auto r = static_cast<rank_t>(k % static_cast<std::size_t>(ranks));
     if (rank_view) pl.make_rank_into(dispatch[k], r, made[k]);
     else pl.make_into(dispatch[k], made[k]);
     m[k] = pl.rail_matrix();
+    balance[k] = pl.balance_bytes();
   }
   plan p;
-  std::size_t i = 0, stages = 0, calls = 0;
+  std::size_t i = 0, stages = 0, calls = 0, per_rail = 0;
   for (auto _ : state) {
     const auto r = static_cast<rank_t>(i % static_cast<std::size_t>(ranks));
-    if (from_dispatch) transpose_into<8>(made[i], m[i], p);
+    if (from_dispatch) transpose_into<8>(made[i], m[i], p, balance[i]);
     else if (rank_view) pl.make_rank_into(combine[i], r, p);
     else pl.make_into(combine[i], p);
     benchmark::DoNotOptimize(p.pieces.data());
     stages += p.stages();
+    per_rail += p.per_rail();
     ++calls;
     i = (i + 1) % dispatch.size();
   }
   state.counters["stages"] = static_cast<double>(stages) / static_cast<double>(std::max<std::size_t>(calls, 1));
+  state.counters["per_rail"] = static_cast<double>(per_rail) / static_cast<double>(std::max<std::size_t>(calls, 1));
   state.counters["ranks"] = ranks;
 }
 
@@ -191,6 +195,7 @@ void BM_combine(benchmark::State& state) {
   const int servers = static_cast<int>(state.range(0));
   const auto m = static_cast<mode>(state.range(1));
   const bool megatron_inputs = state.range(2) != 0, from_dispatch = state.range(3) != 0;
+  const rail_schedule rails = state.range(4) != 0 ? rail_schedule::automatic : rail_schedule::shared;
   if (megatron_inputs && !have_trace(state)) return;
   std::vector<traffic_matrix> inputs;
   const std::size_t count = servers > 64 ? 2 : 16; // at 4096 GPUs a matrix is 134 MB: two, and their combines
@@ -200,9 +205,12 @@ void BM_combine(benchmark::State& state) {
   const bool rank_view = m == rank_slack || m == rank_factorized;
   state.SetLabel(std::string(megatron_inputs ? "megatron, " : "zipf, ") + (rank_view ? "rank's part, " : "whole plan, ") +
                  (m == rank_slack || m == whole_slack ? "slack, " : "factorized, ") +
-                 (from_dispatch ? "transposed from the dispatch's" : "planned"));
-  if (m == rank_slack || m == whole_slack) combine_with<slack_decomposer>(state, inputs, servers, rank_view, from_dispatch);
-  else combine_with<factorized_decomposer>(state, inputs, servers, rank_view, from_dispatch);
+                 (from_dispatch ? "transposed from the dispatch's" : "planned") +
+                 (rails == rail_schedule::automatic ? ", rails auto" : ""));
+  if (m == rank_slack || m == whole_slack)
+    combine_with<slack_decomposer>(state, inputs, servers, rank_view, from_dispatch, rails);
+  else
+    combine_with<factorized_decomposer>(state, inputs, servers, rank_view, from_dispatch, rails);
 }
 
 void combine_scales(benchmark::internal::Benchmark* b) {
@@ -210,16 +218,19 @@ void combine_scales(benchmark::internal::Benchmark* b) {
   for (int servers : {8, 40})
     for (int m : {rank_slack, rank_factorized, whole_slack})
       for (int megatron_inputs : {0, 1})
-        for (int from_dispatch : {0, 1}) b->Args({servers, m, megatron_inputs, from_dispatch});
+        for (int from_dispatch : {0, 1}) b->Args({servers, m, megatron_inputs, from_dispatch, 0});
 }
 
 // A rank's part at 4096 GPUs (the two inputs of BM_combine there), planned, and transposed: more
 // calls, so that the plan it is made into has its storage from earlier calls, as the engine's has.
+// Shared stages, and factorized with rail_schedule::automatic (per-rail plans there: counter
+// per_rail), as item 2's table plans 4096 GPUs.
 template <int from_dispatch>
 void big_combine_scales(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->Iterations(from_dispatch ? 20 : 2)->Repetitions(3)->ReportAggregatesOnly(true);
   for (int m : {rank_slack, rank_factorized})
-    for (int megatron_inputs : {0, 1}) b->Args({512, m, megatron_inputs, from_dispatch});
+    for (int megatron_inputs : {0, 1}) b->Args({512, m, megatron_inputs, from_dispatch, 0});
+  for (int megatron_inputs : {0, 1}) b->Args({512, rank_factorized, megatron_inputs, from_dispatch, 1});
 }
 
 // The engine's test of whether a call's matrix is its last plan's transposed (engine_options::
