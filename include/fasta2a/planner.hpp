@@ -846,8 +846,6 @@ private:
     rail_of_.assign(SS, 0);
     load_out_.assign(static_cast<std::size_t>(G) * S, 0); // server x rail
     load_in_.assign(static_cast<std::size_t>(G) * S, 0);
-    rail_m_.resize(static_cast<std::size_t>(G));
-    for (server_matrix& mk : rail_m_) mk.setZero(S, S);
     for (const detail::valued_pair& x : order_) {
       const std::uint32_t pr = x.pair;
       const int s = static_cast<int>(pr / S), d = static_cast<int>(pr % S);
@@ -880,8 +878,14 @@ private:
       rail_of_[pr] = static_cast<std::uint32_t>(best);
       load_out_[static_cast<std::size_t>(s) * G + best] += v;
       load_in_[static_cast<std::size_t>(d) * G + best] += v;
-      rail_m_[static_cast<std::size_t>(best)](s, d) = v;
     }
+    // Each rail's matrix, written in memory order: written in the order above (largest pairs
+    // first), every entry was a store to a random place of G matrices of S^2 words, which at 512
+    // servers (16 MB) missed the caches on most pairs and took about as long as reading the matrix.
+    rail_m_.resize(static_cast<std::size_t>(G));
+    for (server_matrix& mk : rail_m_) mk.setZero(S, S);
+    for (std::size_t pr = 0; pr < SS; ++pr)
+      if (const bytes_t v = pair_bytes_[pr]; v > 0) rail_m_[rail_of_[pr]].data()[pr] = v;
     rail_stages_.resize(static_cast<std::size_t>(G));
     // The stage lists' size limits count the rail arrays too (G permutations and weights a stage).
     const std::size_t extra = stages_.extra_bytes_per_stage + static_cast<std::size_t>(G) * (S * 4 + 8);
@@ -929,12 +933,14 @@ private:
     m_.setZero(S, S);
     line_.assign(4 * static_cast<std::size_t>(S), 0); // each row's and column's sum, then entries
     bytes_t* line = line_.data();
-    for (const detail::valued_pair& x : order_) {
-      const bytes_t e = per_rail_bytes(x.value, G, opt_.granule);
-      const std::uint32_t s = x.pair / S, d = x.pair % S;
-      m_(s, d) = e;
-      line[s] += e, line[S + d] += e, ++line[2 * S + s], ++line[3 * S + d];
-    }
+    for (int s = 0; s < S; ++s) // in memory order, as the rails' matrices above
+      for (int d = 0; d < S; ++d) {
+        const bytes_t v = pair_bytes_[static_cast<std::size_t>(s) * S + d];
+        if (v == 0) continue;
+        const bytes_t e = per_rail_bytes(v, G, opt_.granule);
+        m_(s, d) = e;
+        line[s] += e, line[S + d] += e, ++line[2 * S + s], ++line[3 * S + d];
+      }
     const bytes_t most_bytes = *std::max_element(line, line + 2 * S), most_entries = *std::max_element(line + 2 * S, line + 4 * S);
     const double bound = net.phase_time(most_bytes, most_entries);
     if (mine < bound * (1 - 1e-9)) { // the margin: sums of doubles round
