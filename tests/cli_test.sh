@@ -221,6 +221,23 @@ generator)
   # The same seed gives the same plan; another seed another matrix.
   expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --json "$work/z2.json" &&
     { cmp -s "$work/z.json" "$work/z2.json" || fail "the same seed gave another plan"; }
+  # A per-rail plan's document: every stage has each rail's weight and permutation, the stage's own
+  # weight the heaviest rail's and its perm -1 everywhere.
+  if expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --rails per-rail \
+      --json "$work/rails.json"; then
+    check_plan_json "$work/rails.json" 4 8
+    py "
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p['stages'], 'no stages'
+for st in p['stages']:
+    assert len(st['rails']) == 8, st
+    assert st['weight'] == max(r['weight'] for r in st['rails']), st
+    assert st['perm'] == [-1] * 4, st
+    for r in st['rails']:
+        assert len(r['perm']) == 4 and all(d == -1 or 0 <= d < 4 for d in r['perm']), r
+" "$work/rails.json" || fail "the per-rail plan's document"
+  fi
   # Runtime-sized topology (G != 8), mesh scale-up, each generator and each decomposer.
   expect_ok plan --servers 3 --gpus 4 --uniform --bytes-per-rank 12K --report "$work/u.jsonl" &&
     check_report "$work/u.jsonl" 1 12 3 4 $((12 * 12 * 1024))

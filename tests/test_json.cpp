@@ -8,6 +8,7 @@
 #include "workloads.hpp"
 
 #include <fasta2a/json.hpp> // the compatibility header: both of the two below
+#include <fasta2a/fewer_stages.hpp>
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/plan_reader.hpp>
 #include <fasta2a/planner.hpp>
@@ -95,6 +96,8 @@ std::string plan_difference(const plan& a, const plan& b) {
   if (a.servers != b.servers || a.gpus_per_server != b.gpus_per_server) return "shape";
   if (a.stage_weight != b.stage_weight) return "stage weights";
   if (a.stage_perm != b.stage_perm) return "stage permutations";
+  if (a.rail_weight != b.rail_weight) return "rail weights";
+  if (a.rail_perm != b.rail_perm) return "rail permutations";
   if (a.pieces.size() != b.pieces.size())
     return "piece count " + to_string(a.pieces.size()) + " vs " + to_string(b.pieces.size());
   for (std::size_t i = 0; i < a.pieces.size(); ++i) {
@@ -125,9 +128,12 @@ bool has_inter_server_piece(const plan& p) {
 
 /// Plan -> JSON -> plan for one decomposer; everything the document determines must come back.
 template <class D>
-void check_roundtrip(const two_tier_topology& topo, const traffic_matrix& t, bytes_t granule) {
+void check_roundtrip(const two_tier_topology& topo, const traffic_matrix& t, bytes_t granule,
+                     rail_schedule rails = rail_schedule::shared) {
   CAPTURE(D::name);
-  const plan p = make_plan<D>(topo, t, plan_options{.granule = granule});
+  const char* rail_name = to_string(rails);
+  CAPTURE(rail_name);
+  const plan p = make_plan<D>(topo, t, plan_options{.granule = granule, .rails = rails});
   const verify_result original = verify(p, t);
   REQUIRE_MESSAGE(original.ok, "the planner's own plan fails verify: ", original.error);
 
@@ -207,7 +213,7 @@ TEST_CASE("json.base_document.is_accepted") {
 }
 
 TEST_CASE("json.roundtrip.random_plans") {
-  int checked = 0;
+  int checked = 0, per_rail = 0;
   for (std::uint64_t seed = 0; seed < 300; ++seed) {
     detail::splitmix64 rng(seed * 7919 + 1);
     const int S = 1 + static_cast<int>(rng.below(6));
@@ -241,9 +247,18 @@ TEST_CASE("json.roundtrip.random_plans") {
     check_roundtrip<birkhoff_decomposer>(topo, t, granule);
     check_roundtrip<spread_out_decomposer>(topo, t, granule);
     check_roundtrip<direct_decomposer>(topo, t, granule);
+    // Per-rail schedules: each stage's "rails" (one plan in three).
+    if (seed % 3 == 0) {
+      const plan r = make_plan<birkhoff_decomposer>(topo, t, plan_options{.granule = granule, .rails = rail_schedule::per_rail});
+      per_rail += r.per_rail();
+      check_roundtrip<birkhoff_decomposer>(topo, t, granule, rail_schedule::per_rail);
+      check_roundtrip<slack_decomposer>(topo, t, granule, rail_schedule::per_rail);
+    }
     ++checked;
   }
   CHECK(checked == 300);
+  MESSAGE(per_rail << " per-rail plans written and read back");
+  CHECK(per_rail >= 50);
 }
 
 TEST_CASE("json.read.granule_is_not_in_the_document") {
@@ -705,6 +720,37 @@ TEST_CASE("json.read.stage_errors") {
                                      "{\"kind\": \"rail\", \"from\": 0, \"to\": 2, \"stage\": 0}, {\"kind\": \"redistribute\", \"from\": 2, \"to\": 3, \"stage\": 0}",
                                      "{\"kind\": \"rail\", \"from\": 0, \"to\": 2, \"stage\": 1}, {\"kind\": \"redistribute\", \"from\": 2, \"to\": 3, \"stage\": 1}")),
                  "piece 2: its rail hop is in stage 1, the plan has 1 stages"));
+}
+
+TEST_CASE("json.read.per_rail_stages") {
+  // base_doc as a per-rail plan: its one stage is rail 0's and rail 1's first (5 and 4 bytes), its
+  // own weight the heavier and its perm -1 everywhere. The reader checks the stages' shape; whether
+  // each pair rides one rail is verify's check.
+  const std::string doc = replaced(base_doc, "{\"weight\": 5, \"perm\": [1, -1]}",
+                                   "{\"weight\": 5, \"perm\": [-1, -1], \"rails\": [{\"weight\": 5, \"perm\": [1, -1]}, "
+                                   "{\"weight\": 4, \"perm\": [1, -1]}]}");
+  const plan p = read_plan_json(doc);
+  REQUIRE(p.per_rail());
+  CHECK(p.rail_weight == std::vector<bytes_t>{5, 4});
+  CHECK(p.rail_perm == std::vector<std::int32_t>{1, -1, 1, -1});
+  CHECK(plan_to_json(p).find("\"rails\": [{\"weight\": 5, \"perm\": [1, -1]}, {\"weight\": 4, \"perm\": [1, -1]}]") !=
+        std::string::npos);
+  auto error_of = [&](const std::string& from, const std::string& to) { return read_error(replaced(doc, from, to)); };
+  CHECK(contains(error_of(", {\"weight\": 4, \"perm\": [1, -1]}]", "]"), "stage 0: field \"rails\" has 1 entries, the plan has 2 GPUs per server"));
+  CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"weight\": 4, \"perm\": [1]}"), "rails[1]: field \"perm\" has 1 entries, the plan has 2 servers"));
+  CHECK(contains(error_of("{\"weight\": 5, \"perm\": [1, -1]},", "{\"weight\": 5, \"perm\": [0, -1]},"), "rails[0]: perm[0] is 0"));
+  CHECK(contains(error_of("{\"weight\": 5, \"perm\": [-1, -1]", "{\"weight\": 6, \"perm\": [-1, -1]"), "a per-rail stage weighs its heaviest rail, 5"));
+  CHECK(contains(error_of("\"perm\": [-1, -1], \"rails\"", "\"perm\": [1, -1], \"rails\""), "perm[0] is 1; a per-rail stage's own perm is -1 everywhere"));
+  CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"weight\": 4, \"perm\": [1, -1], \"rail\": 1}"), "unknown field \"rail\""));
+  CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"perm\": [1, -1]}"), "missing field \"weight\""));
+  CHECK(contains(error_of("\"rails\": [{", "\"rails\": {"), "field \"rails\""));
+  // Every stage has "rails", or none does.
+  CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}]}", "{\"weight\": 4, \"perm\": [1, -1]}]}, {\"weight\": 1, \"perm\": [-1, -1]}"),
+                 "stage 1: field \"rails\" is missing, and stage 0 has it"));
+  CHECK(contains(read_error(replaced(base_doc, "{\"weight\": 5, \"perm\": [1, -1]}",
+                                     "{\"weight\": 5, \"perm\": [1, -1]}, {\"weight\": 1, \"perm\": [-1, -1], \"rails\": "
+                                     "[{\"weight\": 1, \"perm\": [-1, -1]}, {\"weight\": 1, \"perm\": [-1, -1]}]}")),
+                 "stage 1: field \"rails\" is here, and stage 0 has none"));
 }
 
 TEST_CASE("json.read.hops_must_be_the_route") {

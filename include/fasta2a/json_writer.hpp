@@ -290,9 +290,11 @@ public:
       throw error("write_plan_json: the plan has " + std::to_string(T) + " stages of " +
                   std::to_string(S) + " servers but " + std::to_string(p.stage_perm.size()) +
                   " permutation entries");
-    if (p.per_rail())
-      throw error("write_plan_json: this plan has per-rail schedules (plan_options::rails), which plan documents (" +
-                  std::string(plan_json_format) + ") cannot express yet; plan with rail_schedule::shared to write one");
+    const std::size_t G = p.gpus_per_server > 0 ? static_cast<std::size_t>(p.gpus_per_server) : 0;
+    if (p.per_rail() && (p.rail_weight.size() != T * G || p.rail_perm.size() != T * G * S))
+      throw error("write_plan_json: the plan has " + std::to_string(T) + " per-rail stages of " + std::to_string(G) +
+                  " rails and " + std::to_string(S) + " servers but " + std::to_string(p.rail_weight.size()) +
+                  " rail weights and " + std::to_string(p.rail_perm.size()) + " rail permutation entries");
     text("{\"format\": \"");
     text(plan_json_format);
     text("\",\n \"servers\": ");
@@ -311,7 +313,24 @@ public:
         if (s > 0) text(", ");
         number(p.stage_perm[t * S + s]);
       }
-      text("]}");
+      text("]");
+      // A per-rail plan's stage t is each rail's t-th (plan::rail_weight, plan::rail_perm): its
+      // own weight is the heaviest rail's and its perm -1 everywhere.
+      if (p.per_rail()) {
+        text(", \"rails\": [");
+        for (std::size_t k = 0; k < G; ++k) {
+          text(k == 0 ? "{\"weight\": " : ", {\"weight\": ");
+          number(p.rail_weight[k * T + t]);
+          text(", \"perm\": [");
+          for (std::size_t s = 0; s < S; ++s) {
+            if (s > 0) text(", ");
+            number(p.rail_perm[(t * G + k) * S + s]);
+          }
+          text("]}");
+        }
+        text("]");
+      }
+      text("}");
       maybe_flush();
     }
     text(T == 0 ? "],\n \"pieces\": [" : "\n ],\n \"pieces\": [");
@@ -379,7 +398,10 @@ private:
 /// "gpus_per_server", "stages" (each {"weight", "perm"}) and "pieces" (each {"src", "dst",
 /// "offset", "bytes", "hops"}, every hop {"kind", "from", "to", "stage"} as `p.route_of` gives it),
 /// in that order, one stage or one piece per line, pieces in plan order. A plan of the direct
-/// baseline (`staged == false`) is written with "stages": [] and hops of kind "direct". The output
+/// baseline (`staged == false`) is written with "stages": [] and hops of kind "direct". A per-rail
+/// plan (plan::per_rail) gives each stage a third field, "rails": G entries {"weight", "perm"}, rail
+/// k's t-th stage, with the stage's own weight the heaviest rail's and its perm -1 everywhere (an
+/// extension of DESIGN.md's format, which has server-level stages only). The output
 /// depends on nothing but p, so equal plans give identical documents. Throws fasta2a::error if the
 /// plan's stage arrays disagree in size or the stream fails.
 inline void write_plan_json(std::ostream& os, const plan& p) {
@@ -392,7 +414,8 @@ inline void write_plan_json(std::ostream& os, const plan& p) {
 inline std::string plan_to_json(const plan& p) {
   std::string out;
   // About 80 bytes per hop-less piece and 60 per hop: reserving avoids most regrowth.
-  out.reserve(256 + p.stages() * (24 + 4 * static_cast<std::size_t>(std::max(p.servers, 0))) +
+  out.reserve(256 + p.stages() * (24 + 4 * static_cast<std::size_t>(std::max(p.servers, 0))) *
+                        (p.per_rail() ? 1 + static_cast<std::size_t>(std::max(p.gpus_per_server, 0)) : 1) +
               p.pieces.size() * 200);
   detail::plan_json_writer(out, nullptr).write(p);
   return out;

@@ -454,9 +454,11 @@ private:
   }
 
   // Reads the members of an object whose '{' was consumed: each name must be one of `fields` and
-  // appear once, and all must be present; `on_field(index)` reads the value.
+  // appear once, and all must be present but those whose bit is set in `optional`;
+  // `on_field(index)` reads the value.
   template <std::size_t N, class F>
-  void members(where w, std::size_t start, const std::array<std::string_view, N>& fields, F&& on_field) {
+  void members(where w, std::size_t start, const std::array<std::string_view, N>& fields, F&& on_field,
+               unsigned optional = 0) {
     unsigned seen = 0;
     bool first = true;
     while (c_.next('}', first)) {
@@ -473,7 +475,7 @@ private:
       on_field(k);
     }
     for (std::size_t k = 0; k < N; ++k)
-      if (!(seen & (1u << k))) fail(w, "missing field " + quoted(fields[k]), start);
+      if (!(seen & (1u << k)) && !(optional & (1u << k))) fail(w, "missing field " + quoted(fields[k]), start);
   }
 
   template <std::size_t N>
@@ -514,12 +516,18 @@ private:
       const std::size_t start = c_.pos();
       stage_at_.push_back(start);
       object_or_fail(w, "a stage");
-      static constexpr std::array<std::string_view, 2> fields{"weight", "perm"};
+      // "rails" (optional): a per-rail plan's stage, each rail's weight and permutation.
+      static constexpr std::array<std::string_view, 3> fields{"weight", "perm", "rails"};
       bytes_t weight = 0;
       std::size_t count = 0;
+      rails_len_.push_back(no_rails);
       members(w, start, fields, [&](std::size_t k) {
         if (k == 0) {
           weight = bytes_field(w, "weight");
+          return;
+        }
+        if (k == 2) {
+          read_rails(w);
           return;
         }
         container_or_fail(w, "field \"perm\"", json_type::array, '[');
@@ -528,10 +536,40 @@ private:
           p_.stage_perm.push_back(integer<std::int32_t>(w, "perm", -1, INT32_MAX));
           ++count;
         }
-      });
+      }, 1u << 2);
       p_.stage_weight.push_back(weight);
       perm_len_.push_back(count);
     }
+  }
+
+  // A stage's "rails": [{"weight", "perm"}, ...], one per rail, in rail order; kept in document
+  // order (stage by stage) until validate() knows the shape.
+  void read_rails(where w) {
+    container_or_fail(w, "field \"rails\"", json_type::array, '[');
+    std::size_t rails = 0;
+    bool first = true;
+    while (c_.next(']', first)) {
+      c_.skip_space();
+      const std::size_t start = c_.pos();
+      object_or_fail(w, "an entry of \"rails\"");
+      static constexpr std::array<std::string_view, 2> fields{"weight", "perm"};
+      std::size_t count = 0;
+      members(w, start, fields, [&](std::size_t k) {
+        if (k == 0) {
+          rail_weights_.push_back(bytes_field(w, "weight"));
+          return;
+        }
+        container_or_fail(w, "field \"perm\" of a rail", json_type::array, '[');
+        bool f = true;
+        while (c_.next(']', f)) {
+          rail_perms_.push_back(integer<std::int32_t>(w, "perm", -1, INT32_MAX));
+          ++count;
+        }
+      });
+      rail_perm_len_.push_back(count);
+      ++rails;
+    }
+    rails_len_.back() = rails;
   }
 
   void read_pieces() {
@@ -621,7 +659,8 @@ private:
                            std::to_string(G) + " GPUs is too many ranks for a plan");
     const std::size_t n = static_cast<std::size_t>(S) * static_cast<std::size_t>(G);
     const std::size_t slots = T == 0 ? 1 : T;
-    const double need = static_cast<double>(T) * (static_cast<double>(S) * 4 + 8) +
+    const double rail_stages = rails_len_.empty() || rails_len_[0] == no_rails ? 0 : static_cast<double>(G);
+    const double need = static_cast<double>(T) * (static_cast<double>(S) * 4 + 8) * (1 + rail_stages) +
                         (static_cast<double>(n) * static_cast<double>(slots) + 1) * 4 +
                         2.0 * static_cast<double>(n) * static_cast<double>(n) * 4 +
                         static_cast<double>(p_.pieces.size()) * (sizeof(piece) + 6 * sizeof(rank_op)) +
@@ -653,6 +692,7 @@ private:
                stage_at_[t]);
       }
     }
+    validate_rails();
 
     p_.message_first.assign(n * n, 0);
     p_.message_count.assign(n * n, 0);
@@ -743,9 +783,67 @@ private:
     build_index(p_);
   }
 
+  // A per-rail plan's stages: every stage or none has "rails", G of them, each a permutation of
+  // S entries like a stage's; the stage itself then weighs its heaviest rail and names no server
+  // (stage t is each rail's t-th: plan::rail_weight, plan::rail_perm).
+  void validate_rails() {
+    const int S = p_.servers, G = p_.gpus_per_server;
+    const std::size_t T = p_.stage_weight.size();
+    if (T == 0) return;
+    const bool per_rail = rails_len_[0] != no_rails;
+    const auto Sz = static_cast<std::size_t>(S), Gz = static_cast<std::size_t>(G);
+    std::size_t at = 0; // entries of rail_perms_ and rail_weights_ read so far
+    for (std::size_t t = 0; t < T; ++t) {
+      const where w{"stage", t};
+      if ((rails_len_[t] != no_rails) != per_rail)
+        fail(w, per_rail ? "field \"rails\" is missing, and stage 0 has it (a per-rail plan's stages all have it)"
+                         : "field \"rails\" is here, and stage 0 has none (only a per-rail plan's stages have it, all of them)",
+             stage_at_[t]);
+      if (!per_rail) continue;
+      if (rails_len_[t] != Gz)
+        fail(w, "field \"rails\" has " + std::to_string(rails_len_[t]) + " entries, the plan has " +
+                    std::to_string(G) + " GPUs per server (one entry a rail)", stage_at_[t]);
+      bytes_t heaviest = 0;
+      for (std::size_t k = 0; k < Gz; ++k) {
+        const std::size_t r = t * Gz + k;
+        if (rail_perm_len_[r] != Sz)
+          fail(w, "rails[" + std::to_string(k) + "]: field \"perm\" has " + std::to_string(rail_perm_len_[r]) +
+                      " entries, the plan has " + std::to_string(S) + " servers", stage_at_[t]);
+        for (int s = 0; s < S; ++s) {
+          const std::int32_t d = rail_perms_[at + static_cast<std::size_t>(s)];
+          if (d >= S || d == s)
+            fail(w, "rails[" + std::to_string(k) + "]: perm[" + std::to_string(s) + "] is " + std::to_string(d) +
+                        "; it must be -1 (idle) or another server in [0, " + std::to_string(S) + ")",
+                 stage_at_[t]);
+        }
+        at += Sz;
+        heaviest = std::max(heaviest, rail_weights_[r]);
+      }
+      if (p_.stage_weight[t] != heaviest)
+        fail(w, "field \"weight\" is " + std::to_string(p_.stage_weight[t]) + "; a per-rail stage weighs its heaviest rail, " +
+                    std::to_string(heaviest), stage_at_[t]);
+      for (int s = 0; s < S; ++s)
+        if (p_.stage_perm[t * Sz + static_cast<std::size_t>(s)] != -1)
+          fail(w, "perm[" + std::to_string(s) + "] is " + std::to_string(p_.stage_perm[t * Sz + static_cast<std::size_t>(s)]) +
+                      "; a per-rail stage's own perm is -1 everywhere (each rail's is in \"rails\")",
+               stage_at_[t]);
+    }
+    if (!per_rail) return;
+    p_.rail_weight.assign(T * Gz, 0);
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t k = 0; k < Gz; ++k) p_.rail_weight[k * T + t] = rail_weights_[t * Gz + k];
+    p_.rail_perm = std::move(rail_perms_); // stage-major, then rail: the plan's (t * G + k) * S + s
+  }
+
+  static constexpr std::size_t no_rails = ~std::size_t{0};
+
   json_cursor c_;
   plan_read_options opt_;
   plan p_;
+  std::vector<std::size_t> rails_len_;     // entries of each stage's "rails" (no_rails: none)
+  std::vector<std::size_t> rail_perm_len_; // entries of each rail's "perm", stage by stage
+  std::vector<bytes_t> rail_weights_;      // each rail's weight, stage by stage
+  std::vector<std::int32_t> rail_perms_;   // each rail's perm, stage by stage
   std::vector<route> routes_;            // hops as the document lists them, per piece
   std::vector<std::size_t> piece_at_;    // byte offset of each piece, for messages
   std::vector<std::size_t> stage_at_;    // byte offset of each stage
@@ -756,7 +854,8 @@ private:
 } // namespace detail
 
 /// Rebuilds a plan from a "fasta2a.plan.v1" document (as write_plan_json writes it; members may
-/// come in any order). Promises a plan that plan::route_of, the message index and the op index
+/// come in any order), per-rail plans included (every stage with "rails": G entries {"weight",
+/// "perm"}, the stage's weight their heaviest and its perm -1 everywhere). Promises a plan that plan::route_of, the message index and the op index
 /// agree on: each piece's rail and stage are taken from its rail hop (none for self, intra and
 /// direct pieces) and its hops must be exactly the route those give; the pieces of each message
 /// must be contiguous. The result has decomposer "json", granule `opt.granule`, staged unless a
