@@ -114,6 +114,8 @@ inline std::string plan_difference(const fasta2a::plan& a, const fasta2a::plan& 
   if (a.scaleup_bytes != b.scaleup_bytes) return "scaleup_bytes";
   if (a.stage_weight != b.stage_weight) return "stage_weight";
   if (a.stage_perm != b.stage_perm) return "stage_perm";
+  if (a.rail_weight != b.rail_weight) return "rail_weight";
+  if (a.rail_perm != b.rail_perm) return "rail_perm";
   if (a.pieces != b.pieces) return "pieces";
   if (a.message_first != b.message_first || a.message_count != b.message_count) return "message index";
   if (a.staging_bytes != b.staging_bytes) return "staging_bytes";

@@ -9,7 +9,10 @@
 //   the same plan, field for field;
 // - a rank's view (make_rank_into) holds exactly that rank's part of the whole plan (every rank
 //   up to 16 ranks, eight of them past that);
-// - the plan's document reads back (read_plan_json) to a plan that verifies too.
+// - the plan's document reads back (read_plan_json) to a plan that verifies too;
+// - the plan transposed (transpose_into, shared or per-rail stages) is a plan of the transposed
+//   matrix that verifies, and transposing it back gives the plan, field for field.
+// Bits 3 and 4 of the servers' byte pick the rail schedule: shared, shared, per-rail, automatic.
 #include "fuzz_common.hpp"
 
 #include <fasta2a/cost_model.hpp>
@@ -17,6 +20,7 @@
 #include <fasta2a/planner.hpp>
 #include <fasta2a/registry.hpp>
 #include <fasta2a/topology.hpp>
+#include <fasta2a/transpose.hpp>
 #include <fasta2a/verify.hpp>
 
 #include <utility>
@@ -38,7 +42,12 @@ struct decoded {
 
 decoded decode(fuzz::bytes& in) {
   decoded d;
-  d.servers = 1 + in.u8() % 8;
+  const std::uint8_t shape = in.u8();
+  d.servers = 1 + shape % 8;
+  const int rails = (shape >> 3) % 4;
+  d.options.rails = rails == 2 ? fa::rail_schedule::per_rail
+                  : rails == 3 ? fa::rail_schedule::automatic
+                               : fa::rail_schedule::shared;
   d.gpus = 1 + in.u8() % 8;
   const std::uint8_t how = in.u8();
   const auto names = fa::decomposer_names();
@@ -133,6 +142,21 @@ void check(const Topo& topo, D dec, const decoded& d) {
   FUZZ_CHECK(read, "the document of a planner's plan is refused");
   const fa::verify_result vb = fa::verify(back, t, {.exact_lower_bound = exact});
   FUZZ_CHECK(vb.ok, "the planner's plan read back from its document fails verify: " + vb.error);
+
+  // The plan transposed is a plan of the transposed matrix, and transposes back to the plan.
+  const fa::server_matrix m = first->rail_matrix();
+  const std::vector<fa::bytes_t> balance = first->balance_bytes();
+  fa::plan q, q2;
+  const bool transposed = fuzz::documented_errors_only("transpose_into", [&] { fa::transpose_into(whole, m, q, balance); });
+  FUZZ_CHECK(transposed, "transpose_into refuses a planner's plan");
+  const fa::verify_result vt = fa::verify(q, other, {.exact_lower_bound = exact});
+  FUZZ_CHECK(vt.ok, "the planner's plan transposed fails verify against the transposed matrix: " + vt.error);
+  std::vector<fa::bytes_t> flipped(balance.size());
+  for (std::size_t r = 0; r < balance.size(); ++r) flipped[r] = q.staging_bytes[r] - balance[r];
+  const fa::server_matrix mt = m.transpose();
+  fuzz::documented_errors_only("transpose_into (back)", [&] { fa::transpose_into(q, mt, q2, flipped); });
+  FUZZ_CHECK(fuzz::plan_difference(whole, q2).empty(),
+             "transposing twice does not give the plan back: " + fuzz::plan_difference(whole, q2));
 
   fuzz::documented_errors_only("predict", [&] { (void)fa::predict(topo, whole); });
 }

@@ -6,6 +6,7 @@
 #include <fasta2a/fasta2a.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -26,7 +27,11 @@ fa::traffic_matrix slice(int n, int k, fa::bytes_t shrink) {
 }
 
 void put(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
+  std::ofstream out(path, std::ios::binary);
+  if (!(out << bytes)) {
+    std::cerr << "make_seeds: cannot write " << path << " (does its folder exist?)\n";
+    std::exit(1);
+  }
 }
 
 std::string text_of(const fa::traffic_matrix& t) {
@@ -70,6 +75,10 @@ int main(int argc, char** argv) {
     if (k % 3 == 1) put(name("direct"), fa::plan_to_json(fa::make_plan<fa::direct_decomposer>(topo, t)));
     if (k % 3 == 2) put(name("quantized"), fa::plan_to_json(fa::make_plan<fa::quantized_decomposer>(topo, t)));
     count += 2;
+    if (sh.S > 1 && sh.G > 1) { // per-rail stages: each stage's "rails"
+      put(name("per-rail"), fa::plan_to_json(fa::make_plan(topo, t, {.rails = fa::rail_schedule::per_rail})));
+      ++count;
+    }
     ++k;
   }
   put(dir + "/plan_reader/empty-2x2.json", fa::plan_to_json(fa::make_plan(fa::two_tier_topology(2, 2),
