@@ -684,13 +684,7 @@ private:
       if (perm_len_[t] != static_cast<std::size_t>(S))
         fail(w, "field \"perm\" has " + std::to_string(perm_len_[t]) + " entries, the plan has " +
                     std::to_string(S) + " servers", stage_at_[t]);
-      for (int s = 0; s < S; ++s) {
-        const std::int32_t d = p_.stage_perm[t * static_cast<std::size_t>(S) + static_cast<std::size_t>(s)];
-        if (d >= S || d == s)
-          fail(w, "perm[" + std::to_string(s) + "] is " + std::to_string(d) +
-                      "; it must be -1 (idle) or another server in [0, " + std::to_string(S) + ")",
-               stage_at_[t]);
-      }
+      check_perm(w, p_.stage_perm.data() + t * static_cast<std::size_t>(S), "", stage_at_[t]);
     }
     validate_rails();
 
@@ -783,6 +777,17 @@ private:
     build_index(p_);
   }
 
+  // The S entries of a stage's (or, after `what`, a rail's) permutation: each -1 (idle) or
+  // another server.
+  void check_perm(where w, const std::int32_t* perm, const std::string& what, std::size_t at) {
+    const int S = p_.servers;
+    for (int s = 0; s < S; ++s)
+      if (perm[s] >= S || perm[s] == s)
+        fail(w, what + "perm[" + std::to_string(s) + "] is " + std::to_string(perm[s]) +
+                    "; it must be -1 (idle) or another server in [0, " + std::to_string(S) + ")",
+             at);
+  }
+
   // A per-rail plan's stages: every stage or none has "rails", G of them, each a permutation of
   // S entries like a stage's; the stage itself then weighs its heaviest rail and names no server
   // (stage t is each rail's t-th: plan::rail_weight, plan::rail_perm).
@@ -809,13 +814,7 @@ private:
         if (rail_perm_len_[r] != Sz)
           fail(w, "rails[" + std::to_string(k) + "]: field \"perm\" has " + std::to_string(rail_perm_len_[r]) +
                       " entries, the plan has " + std::to_string(S) + " servers", stage_at_[t]);
-        for (int s = 0; s < S; ++s) {
-          const std::int32_t d = rail_perms_[at + static_cast<std::size_t>(s)];
-          if (d >= S || d == s)
-            fail(w, "rails[" + std::to_string(k) + "]: perm[" + std::to_string(s) + "] is " + std::to_string(d) +
-                        "; it must be -1 (idle) or another server in [0, " + std::to_string(S) + ")",
-                 stage_at_[t]);
-        }
+        check_perm(w, rail_perms_.data() + at, "rails[" + std::to_string(k) + "]: ", stage_at_[t]);
         at += Sz;
         heaviest = std::max(heaviest, rail_weights_[r]);
       }

@@ -104,31 +104,31 @@ void transpose_into(const plan& p, const server_matrix& m, plan& out, std::span<
   out.total_bytes = p.total_bytes;
   out.scaleup_bytes = p.scaleup_bytes; // each piece takes its hops backwards
   out.stage_weight = p.stage_weight;
-  out.stage_perm.assign(p.stage_perm.size(), -1);
-  for (std::size_t t = 0; t < p.stages(); ++t)
-    for (int s = 0; s < S; ++s) {
-      const std::int32_t d = p.stage_perm[t * static_cast<std::size_t>(S) + static_cast<std::size_t>(s)];
-      if (d < -1 || d >= S)
-        throw error("transpose: stage " + std::to_string(t) + " sends server " + std::to_string(s) + " to " +
-                    std::to_string(d) + ", which is no server");
-      if (d >= 0) out.stage_perm[t * static_cast<std::size_t>(S) + static_cast<std::size_t>(d)] = s;
-    }
+  // Stage permutations, and a per-rail plan's (each rail's t-th), inverted: runs of S entries,
+  // -1 where a server is idle.
+  auto invert = [S](const std::vector<std::int32_t>& from, std::vector<std::int32_t>& to, auto&& which) {
+    const auto Sz = static_cast<std::size_t>(S);
+    to.assign(from.size(), -1);
+    for (std::size_t i = 0; i + Sz <= from.size(); i += Sz)
+      for (int s = 0; s < S; ++s) {
+        const std::int32_t d = from[i + static_cast<std::size_t>(s)];
+        if (d < -1 || d >= S)
+          throw error("transpose: " + which(i / Sz) + " sends server " + std::to_string(s) + " to " +
+                      std::to_string(d) + ", which is no server");
+        if (d >= 0) to[i + static_cast<std::size_t>(d)] = s;
+      }
+  };
+  invert(p.stage_perm, out.stage_perm, [](std::size_t t) { return "stage " + std::to_string(t); });
+  invert(p.rail_perm, out.rail_perm, [G](std::size_t i) { // i = t * G + k
+    return "rail " + std::to_string(i % static_cast<std::size_t>(G)) + "'s stage " +
+           std::to_string(i / static_cast<std::size_t>(G));
+  });
+  out.rail_weight = p.rail_weight;
   // Each rank's buffer holds its balance regions (one per destination server) and its receive
   // regions (one per source): reversed, they swap roles, so every rank needs what it needed.
   out.staging_bytes = p.staging_bytes;
   out.staging_ring = p.staging_ring;
   out.staging_slot = p.staging_slot;
-  // Per-rail stages: each rail's t-th permutation inverted, the same weights.
-  out.rail_weight = p.rail_weight;
-  out.rail_perm.assign(p.rail_perm.size(), -1);
-  for (std::size_t i = 0; i + static_cast<std::size_t>(S) <= p.rail_perm.size(); i += static_cast<std::size_t>(S))
-    for (int s = 0; s < S; ++s) {
-      const std::int32_t d = p.rail_perm[i + static_cast<std::size_t>(s)];
-      if (d < -1 || d >= S)
-        throw error("transpose: a rail's stage sends server " + std::to_string(s) + " to " + std::to_string(d) +
-                    ", which is no server");
-      if (d >= 0) out.rail_perm[i + static_cast<std::size_t>(d)] = s;
-    }
 
   // The regions' bases (detail::staging_layout, where region (s, d) is M(s, d)): at rank (s, k) the
   // balance region of (s, d) starts at row(s, d) = sum of M(s, x < d); at rank (d, k) the receive
