@@ -472,6 +472,93 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
     CHECK(shared.load() >= (iters > 0 ? 8 : 0)); // counted on every rank (of this process): most calls had to share staging
   }
 
+  SUBCASE("engine: kept plans run again and transposed (an MoE layer's combine), shared and per-rail staging, byte-exact") {
+    // engine_options::reuse_plans (on by default), two plans kept: a layer's dispatch D1 is planned,
+    // its combine D1^T runs D1's plan transposed (every piece reversed, staging offsets moved,
+    // per-rail balance bytes flipped), D1^T again the same plan, D1 the plan transposed back; a
+    // second layer's D2 and D2^T leave D1's plan kept, so D1^T after them is transposed from it. Every
+    // byte of every call checked, and on every rank where its plan came from. Four variants: shared
+    // stages without a staging budget (the transposed layout), with the default budget and with a
+    // tight one (staging shared across stages: slots of a ring), and per-rail stages (regions that
+    // are their rail streams).
+    std::mt19937_64 rng(1313);
+    const rank_t fixed = W::ranks(0);
+    std::vector<int> shapes; // server counts; staging needs 2 or more servers of 2 or more GPUs
+    if (fixed) {
+      for (int s : server_counts(fixed))
+        if (s >= 2 && fixed / s >= 2) shapes.push_back(s);
+      if (shapes.empty()) shapes.push_back(server_counts(fixed).front()); // stages nothing; plans are still kept
+    }
+    using src = plan_source;
+    const std::vector<int> seq = {1, -1, -1, 1, 2, -2, -1}; // k: D_k, -k: D_k^T
+    int transposed = 0; // calls expected to run a kept plan transposed, over the variants
+    for (int variant = 0; variant < 4; ++variant) {
+      const int S = fixed ? shapes[static_cast<std::size_t>(variant) % shapes.size()] : 2 + static_cast<int>(rng() % 2);
+      const int G = fixed ? fixed / S : 2 + static_cast<int>(rng() % 2);
+      CAPTURE(S);
+      CAPTURE(G);
+      CAPTURE(variant);
+      const traffic_matrix d1 = skewed_traffic(S * G, rng, 1), d2 = skewed_traffic(S * G, rng, 1);
+      const traffic_matrix d1t = d1.transpose(), d2t = d2.transpose();
+      auto matrix = [&](int k) -> const traffic_matrix& { return k == 1 ? d1 : k == -1 ? d1t : k == 2 ? d2 : d2t; };
+      // Where each call's plan must come from: the most recently used kept plan whose matrix is
+      // the call's (same) or its transpose (transposed), else planned into a new one, the least
+      // recently used pushed out. (On a few ranks a random matrix can be symmetric: then same.)
+      std::vector<src> want;
+      {
+        std::vector<traffic_matrix> kept;
+        for (int k : seq) {
+          const traffic_matrix& t = matrix(k);
+          std::size_t at = 0;
+          src from = src::planned;
+          for (; at < kept.size(); ++at)
+            if (kept[at] == t) {
+              from = src::same;
+              break;
+            } else if (kept[at].transpose() == t) {
+              from = src::transposed;
+              break;
+            }
+          if (from == src::planned) {
+            kept.insert(kept.begin(), t);
+            kept.resize(std::min<std::size_t>(kept.size(), 2));
+          } else {
+            kept[at] = t;
+            std::rotate(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(at), kept.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+          }
+          want.push_back(from);
+          transposed += from == src::transposed;
+        }
+      }
+      engine_options opt;
+      opt.plans_kept = 2;
+      opt.rail_window = 1 + static_cast<std::size_t>(variant % 3);
+      if (variant == 0 || variant == 3) opt.staging_fraction.reset(); // each piece a slot of its own
+      if (variant == 2) opt.staging_fraction = 0.05;                   // staging shared across stages
+      if (variant == 3) opt.planning.rails = rail_schedule::per_rail;
+      const bool stages = S >= 2 && G >= 2;
+      std::atomic<int> per_rail{0};
+      require_all_ok(W::run(S * G, [&](rank_t me, auto& boot, auto& tr, probe&) {
+        using Tr = std::remove_cvref_t<decltype(tr)>;
+        using Bt = std::remove_cvref_t<decltype(boot)>;
+        engine<two_tier_topology, Bt, Tr, Tr> eng(two_tier_topology(S, G), boot, tr, tr, opt);
+        for (std::size_t c = 0; c < seq.size(); ++c) {
+          engine_call_checked(eng, matrix(seq[c]), me, 1);
+          if (eng.last_stats().plan_from != want[c])
+            throw error("call " + std::to_string(c) + ": the plan came " + to_string(eng.last_stats().plan_from) +
+                        ", expected " + to_string(want[c]));
+          per_rail += eng.last_plan().per_rail();
+        }
+      }, timeout));
+      // Per-rail plans where asked and the shape stages (counted on the ranks of this process).
+      if (variant == 3 && stages) CHECK(per_rail.load() > 0);
+      if (variant != 3) CHECK(per_rail.load() == 0);
+    }
+    // 3 a variant where neither matrix is symmetric; a one-rank world's 1 x 1 matrices all are.
+    if (fixed == 1) MESSAGE("one rank: every matrix is its own transpose, so no plan is transposed");
+    else CHECK(transposed >= 3);
+  }
+
   SUBCASE("engine: two engines on the same transports, calls interleaved, byte-exact") {
     const rank_t n = W::ranks(4);
     const int S = n % 2 == 0 && n > 2 ? 2 : n, G = n / S;
