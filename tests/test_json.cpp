@@ -740,6 +740,9 @@ TEST_CASE("json.read.per_rail_stages") {
   CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"weight\": 4, \"perm\": [1]}"), "rails[1]: field \"perm\" has 1 entries, the plan has 2 servers"));
   CHECK(contains(error_of("{\"weight\": 5, \"perm\": [1, -1]},", "{\"weight\": 5, \"perm\": [0, -1]},"), "rails[0]: perm[0] is 0"));
   CHECK(contains(error_of("{\"weight\": 5, \"perm\": [-1, -1]", "{\"weight\": 6, \"perm\": [-1, -1]"), "a per-rail stage weighs its heaviest rail, 5"));
+  // Lighter than its heaviest rail too (the stage's weight is what the cost model times).
+  CHECK(contains(error_of("{\"weight\": 5, \"perm\": [-1, -1]", "{\"weight\": 4, \"perm\": [-1, -1]"),
+                 "field \"weight\" is 4; a per-rail stage weighs its heaviest rail, 5"));
   CHECK(contains(error_of("\"perm\": [-1, -1], \"rails\"", "\"perm\": [1, -1], \"rails\""), "perm[0] is 1; a per-rail stage's own perm is -1 everywhere"));
   CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"weight\": 4, \"perm\": [1, -1], \"rail\": 1}"), "unknown field \"rail\""));
   CHECK(contains(error_of("{\"weight\": 4, \"perm\": [1, -1]}", "{\"perm\": [1, -1]}"), "missing field \"weight\""));
