@@ -503,7 +503,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       auto matrix = [&](int k) -> const traffic_matrix& { return k == 1 ? d1 : k == -1 ? d1t : k == 2 ? d2 : d2t; };
       // Where each call's plan must come from: the most recently used kept plan whose matrix is
       // the call's (same) or its transpose (transposed), else planned into a new one, the least
-      // recently used pushed out. (On a few ranks a random matrix can be symmetric: then same.)
+      // recently used pushed out. (In a world of one or two ranks a matrix can be symmetric: same.)
       std::vector<src> want;
       {
         std::vector<traffic_matrix> kept;
