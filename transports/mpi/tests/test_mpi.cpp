@@ -459,6 +459,51 @@ TEST_CASE("mpi_transport.wait returns false at its timeout when the peer never s
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("mpi_transport.a message to an abandoned connection never reaches a connection made after it") {
+  // After a failed call the engine abandons its connections and destroys them with itself, while a
+  // peer still inside the failed call may go on sending to them. Open MPI keeps messages that come
+  // for a freed communicator's context id and hands them to the next communicator given that id:
+  // a later engine's connection took them for its own (seen in the conformance suite after a call
+  // failed on some ranks while another waited: the next engine's calls timed out, or the next
+  // MPI_Comm_dup never returned). So an abandoned connection keeps its communicator for good.
+  const ring g;
+  if (g.n < 2) return; // rank 0 signals rank 1
+  constexpr fa::channel_id ch{1};
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    std::optional<fa::mpi_transport> tr1(std::in_place, MPI_COMM_WORLD);
+    std::optional<fa::mpi_transport::connection> c1(tr1->connect(4));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g.me == 1) { // its call failed: it gives up and destroys its connection first
+      c1->abandon();
+      c1.reset();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g.me == 0) c1->signal(1, ch); // still in the call, rank 0 signals it
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (c1) c1->abandon();
+    c1.reset();
+    tr1.reset();
+    fa::mpi_transport tr2(MPI_COMM_WORLD);
+    auto c2 = tr2.connect(4);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g.me == 1) {
+      const auto until = std::chrono::steady_clock::now() + 200ms;
+      bool stale = false;
+      while (!stale && std::chrono::steady_clock::now() < until) stale = c2.test(0, ch, 1);
+      CHECK_FALSE(stale);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); // rank 0 signals on the new connection only after rank 1 looked
+    if (g.me == 0) c2.signal(1, ch);
+    if (g.me == 1) {
+      CHECK(c2.wait(0, ch, 1, 10s)); // the new connection's own signal arrives, once
+      CHECK_FALSE(c2.test(0, ch, 2));
+    }
+    c2.flush();
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 TEST_CASE("mpi_transport.out-of-bounds ranges, bad peers and bad channels are errors naming them") {
   fa::mpi_transport tr(MPI_COMM_WORLD);
   auto t = tr.connect(4);

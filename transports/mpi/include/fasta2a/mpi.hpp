@@ -438,33 +438,42 @@ public:
         : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
           channels_(o.channels_), inbound_(std::move(o.inbound_)), outbound_(std::move(o.outbound_)),
           puts_sent_(std::move(o.puts_sent_)), sends_(std::move(o.sends_)), send_peer_(std::move(o.send_peer_)),
-          signal_payload_(std::move(o.signal_payload_)) {}
+          signal_payload_(std::move(o.signal_payload_)), abandoned_(o.abandoned_) {}
     connection& operator=(connection&&) = delete;
     connection(const connection&) = delete;
     connection& operator=(const connection&) = delete;
 
     /// Cancels receives still posted, lets sends still in flight finish on their own, and frees the
-    /// duplicate communicator. Does nothing once MPI has been finalised.
+    /// duplicate communicator, unless the connection was abandoned (a failed call) or still had
+    /// messages in flight: a peer's late message may still come to it, and Open MPI hands a freed
+    /// communicator's messages to the next communicator that gets its context id (a later
+    /// engine's connection, which would take a stale signal or stale bytes for its own). That
+    /// communicator is kept for good: one per failed call. Does nothing once MPI has been finalised.
     ~connection() {
       if (comm_ == MPI_COMM_NULL) return;
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
+      bool in_flight = abandoned_;
+      for (const inbound& in : inbound_)
+        for (MPI_Request r : in.reqs) in_flight |= r != MPI_REQUEST_NULL;
+      for (MPI_Request r : sends_) in_flight |= r != MPI_REQUEST_NULL;
       abandon();
-      MPI_Comm_free(&comm_);
+      if (!in_flight) MPI_Comm_free(&comm_);
     }
 
     /// Gives up what is in flight, after a failed call: cancels the receives still posted (once it
     /// returns, nothing lands in this rank's memory through them) and lets sends still in flight
-    /// finish on their own. The connection is unusable afterwards, but its communicator stays until
-    /// it is destroyed: keep it (as the engine does) until no late message of a peer can still
-    /// come, because Open MPI keeps messages for a freed communicator's context id and hands them
-    /// to the next communicator that gets the same id.
+    /// finish on their own. The connection is unusable afterwards, and its communicator is never
+    /// freed, not even by the destructor: a late message of a peer may still come to it, and Open
+    /// MPI keeps messages for a freed communicator's context id and hands them to the next
+    /// communicator that gets the same id.
     void abandon() noexcept {
       if (comm_ == MPI_COMM_NULL) return;
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
+      abandoned_ = true;
       for (inbound& in : inbound_) {
         for (MPI_Request& r : in.reqs)
           if (r != MPI_REQUEST_NULL) {
@@ -751,6 +760,7 @@ public:
     std::vector<MPI_Request> sends_;        ///< puts and signals in flight, until flush
     std::vector<rank_t> send_peer_;         ///< the peer of each, for flush's message
     std::deque<std::uint64_t> signal_payload_;
+    bool abandoned_ = false; ///< abandon() ran: the destructor keeps the communicator
   };
 
   /// Duplicates `comm` (collective over it) and sets the duplicate to return errors, so that MPI
