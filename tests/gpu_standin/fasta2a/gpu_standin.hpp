@@ -80,6 +80,20 @@ inline config& settings() {
   return c;
 }
 
+/// How often this process called what, on a real device, makes the host wait for the device or
+/// talk to the driver: counts, for tests and benchmarks that compare protocols by their round
+/// trips (never a time).
+struct call_counts {
+  std::atomic<std::uint64_t> synchronize{0}; ///< stream_synchronize
+  std::atomic<std::uint64_t> read_value{0};  ///< read_value64 (on a device: a copy and a synchronize)
+  std::atomic<std::uint64_t> query{0};       ///< event_query
+  std::atomic<std::uint64_t> enqueued{0};    ///< memcpy_async, write_value64, wait_value64, event_record, stream_wait_event
+};
+inline call_counts& counts() {
+  static call_counts c;
+  return c;
+}
+
 /// The IPC handle: 64 bytes, as CUDA's and HIP's.
 struct ipc_mem_handle {
   char bytes[64];
@@ -321,6 +335,7 @@ inline status stream_destroy(stream_t s) {
   return status::success;
 }
 inline status stream_synchronize(stream_t s) {
+  counts().synchronize.fetch_add(1, std::memory_order_relaxed);
   s->synchronize();
   return status::success;
 }
@@ -343,6 +358,7 @@ inline host_kind kind_of(const void* p) {
 /// runtimes' staging). Other directions: returns at once.
 inline status memcpy_async(void* dst, const void* src, std::size_t n, stream_t s) {
   if (!n) return status::success;
+  counts().enqueued.fetch_add(1, std::memory_order_relaxed);
   const detail::host_kind from = detail::kind_of(src), to = detail::kind_of(dst);
   if (from == detail::host_kind::device && to == detail::host_kind::pageable) {
     auto done = std::make_shared<std::atomic<bool>>(false);
@@ -376,13 +392,18 @@ inline status event_destroy(event_t e) {
   return status::success;
 }
 inline status event_record(event_t e, stream_t s) {
+  counts().enqueued.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard l(e->m);
   e->s = s;
   e->gen = s->issued(); // complete once the stream has run everything enqueued so far
   return status::success;
 }
-inline status event_query(event_t e) { return e->done() ? status::success : status::not_ready; }
+inline status event_query(event_t e) {
+  counts().query.fetch_add(1, std::memory_order_relaxed);
+  return e->done() ? status::success : status::not_ready;
+}
 inline status stream_wait_event(stream_t s, event_t e) {
+  counts().enqueued.fetch_add(1, std::memory_order_relaxed);
   stream_impl* on;
   std::uint64_t gen;
   {
@@ -397,10 +418,12 @@ inline status stream_wait_event(stream_t s, event_t e) {
 }
 
 inline status write_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
+  counts().enqueued.fetch_add(1, std::memory_order_relaxed);
   s->enqueue([addr, v] { std::atomic_ref<std::uint64_t>(*addr).store(v, std::memory_order_release); });
   return status::success;
 }
 inline status wait_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
+  counts().enqueued.fetch_add(1, std::memory_order_relaxed);
   s->enqueue([addr, v, s] {
     while (std::atomic_ref<std::uint64_t>(*addr).load(std::memory_order_acquire) < v && !s->stopping())
       std::this_thread::sleep_for(std::chrono::microseconds(5));
@@ -411,8 +434,18 @@ inline status wait_value64(stream_t s, std::uint64_t* addr, std::uint64_t v) {
 /// `slot`, which must be pinned (malloc_host): as on a real device, where the read is a copy on a
 /// stream, a copy into pageable memory would go through the runtime's staging.
 inline status read_value64(const std::uint64_t* addr, std::uint64_t* slot) {
+  counts().read_value.fetch_add(1, std::memory_order_relaxed);
   if (detail::kind_of(slot) != detail::host_kind::pinned) return status::invalid_value;
   *slot = std::atomic_ref<const std::uint64_t>(*addr).load(std::memory_order_acquire);
+  return status::success;
+}
+
+/// read_value64 of n consecutive values, one call (a device copies them in one round trip).
+inline status read_values64(const std::uint64_t* addr, std::size_t n, std::uint64_t* slot) {
+  counts().read_value.fetch_add(1, std::memory_order_relaxed);
+  if (detail::kind_of(slot) != detail::host_kind::pinned || detail::kind_of(slot + n - 1) != detail::host_kind::pinned)
+    return status::invalid_value;
+  for (std::size_t i = 0; i < n; ++i) slot[i] = std::atomic_ref<const std::uint64_t>(addr[i]).load(std::memory_order_acquire);
   return status::success;
 }
 

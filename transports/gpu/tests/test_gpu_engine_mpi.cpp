@@ -197,13 +197,23 @@ void bench(int G, std::size_t max_pair) {
     std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), per_pair), displs(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) displs[static_cast<std::size_t>(j)] = per_pair * static_cast<std::size_t>(j);
     std::vector<double> call, copy;
+#ifdef FASTA2A_GPU_STANDIN
+    std::uint64_t syncs = 0, reads = 0, queries = 0, enq = 0;
+#endif
     for (int it = 0; it < 13; ++it) {
       boot.allgather({}, {});
+#ifdef FASTA2A_GPU_STANDIN
+      auto& cc = gpu_standin::counts();
+      const std::uint64_t s0 = cc.synchronize, r0 = cc.read_value, q0 = cc.query, e0 = cc.enqueued;
+#endif
       const auto t0 = clock::now();
       eng.alltoallv(std::span<const std::byte>(s.data(), total), counts, displs, std::span(r.data(), total), counts, displs,
                     caller.get());
       caller.synchronize();
       const auto t1 = clock::now();
+#ifdef FASTA2A_GPU_STANDIN
+      if (it >= 3) syncs += cc.synchronize - s0 - 1, reads += cc.read_value - r0, queries += cc.query - q0, enq += cc.enqueued - e0;
+#endif
       gpu::memcpy_async(d.data(), s.data(), total, caller.get());
       caller.synchronize();
       const auto t2 = clock::now();
@@ -218,6 +228,11 @@ void bench(int G, std::size_t max_pair) {
     if (me == 0)
       std::printf("%10zu  %12.1f  %10.3f  %10.3f  %8.4f\n", per_pair, cmax * 1e6, static_cast<double>(total) / cmax / 1e9,
                   static_cast<double>(total) / m / 1e9, (static_cast<double>(total) / cmax) / (static_cast<double>(total) / m));
+#ifdef FASTA2A_GPU_STANDIN
+    if (me == 0)
+      std::printf("  rank 0, per call: %.1f stream synchronizes, %.1f flag reads, %.1f event queries, %.1f operations enqueued\n",
+                  syncs / 10.0, reads / 10.0, queries / 10.0, enq / 10.0);
+#endif
     std::fflush(stdout);
     boot.allgather({}, {});
     eng.forget_buffer(s.data());

@@ -440,6 +440,57 @@ TEST_CASE("gpu_ipc.signal: a signal is not seen before the puts it covers, over 
 #endif
 }
 
+TEST_CASE("gpu_ipc.test: one read of the node's flags answers every flag that arrived, a flag seen is not read again, another node's rank never signals") {
+  // On a device every read of the flags is a copy and a synchronize (a round trip); the stand-in
+  // counts them. Two nodes of two ranks; rank 1 signals rank 0 on channels 0 to 2, twice on 2.
+  for (std::uint32_t delay : {0u, 300u}) {
+    standin_settings st(delay, 11, /*host_pointers=*/false);
+    fasta2a::host_fabric fabric(4, std::chrono::seconds(20));
+    std::vector<std::string> errors(4);
+    std::vector<std::uint64_t> reads; // rank 0: reads made by each test below
+    std::vector<int> answers;
+    std::vector<std::thread> threads;
+    for (rank_t r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          fasta2a::host_bootstrap boot(fabric, r);
+          ipc t(boot, nullptr, fasta2a::gpu_ipc_options{.node_ranks = 2});
+          auto c = t.connect(4);
+          if (r == 1) {
+            for (fasta2a::channel_id ch : {0u, 1u, 2u, 2u}) c.signal(0, ch);
+            c.flush(); // the flags are written
+          }
+          boot.allgather({}, {});
+          if (r == 0) {
+            auto& n = fasta2a::gpu_standin::counts().read_value;
+            auto ask = [&](rank_t peer, fasta2a::channel_id ch, std::uint64_t count) {
+              const std::uint64_t before = n.load();
+              answers.push_back(c.test(peer, ch, count) ? 1 : 0);
+              reads.push_back(n.load() - before);
+            };
+            ask(1, 0, 1); // read: all of rank 1's signals are there
+            ask(1, 1, 1); // answered by that read
+            ask(1, 2, 2);
+            ask(1, 2, 1);
+            ask(1, 3, 1); // never signalled: read again, not there
+            ask(1, 0, 2); // one signal only
+            ask(2, 0, 1); // another node: no read, never
+            ask(2, 0, 0);
+            CHECK(c.wait(1, 2, 2, std::chrono::milliseconds(100)));
+            CHECK_FALSE(c.wait(1, 1, 2, std::chrono::milliseconds(20)));
+          }
+          boot.allgather({}, {});
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+    CHECK(answers == std::vector<int>{1, 1, 1, 1, 0, 0, 0, 1});
+    CHECK(reads == std::vector<std::uint64_t>{1, 0, 0, 0, 1, 1, 0, 0});
+  }
+}
+
 TEST_CASE("gpu_standin.streams: a stream wait on a value and on an event holds back later work, in order") {
   namespace gpu = fasta2a::gpu;
   standin_settings st(200, 3, false);

@@ -6,6 +6,7 @@
 // runner waits by polling its own flags. Depends on the GPU runtime through gpu_runtime.hpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -255,11 +256,11 @@ public:
 
   bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
     check(peer, ch, "wait");
-    return detail::poll_until([&] { return flag_value(peer, ch) >= count; }, st_->t->opt_.waiting, timeout);
+    return detail::poll_until([&] { return reached(peer, ch, count); }, st_->t->opt_.waiting, timeout);
   }
   bool test(rank_t peer, channel_id ch, std::uint64_t count) {
     check(peer, ch, "test");
-    return flag_value(peer, ch) >= count;
+    return reached(peer, ch, count);
   }
   /// Whether the copies before the count-th signal to peer on ch have completed (an event per signal).
   bool sent(rank_t peer, channel_id ch, std::uint64_t count) {
@@ -295,7 +296,13 @@ private:
     std::size_t head = 0, queued = 0;
     std::vector<std::size_t> outstanding; ///< per (peer, channel): its signals in the ring
     gpu::stream poll;         ///< reads of the flags on a real device
-    gpu::pinned_buffer slot{sizeof(std::uint64_t)}; ///< where they land (pinned: see gpu::read_value64)
+    // The flags of this node's ranks (the only ones that can signal here) as last read, all in one
+    // copy: per (node rank, channel). A flag only grows, so a value read once stays a lower bound:
+    // a test it answers needs no read, and one read answers the tests of every flag that arrived
+    // (on a device each read is a copy and a synchronize).
+    rank_t node_first = 0, node_ranks = 0;
+    std::vector<std::uint64_t> seen;
+    gpu::pinned_buffer snapshot; ///< where a read lands (pinned: see gpu::read_value64)
 #ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
     gpu::stream wrong;
 #endif
@@ -316,6 +323,10 @@ private:
     }
     s.signalled.assign(slots, 0);
     s.left.assign(slots, 0);
+    s.node_ranks = t.opt_.node_ranks;
+    s.node_first = s.me / s.node_ranks * s.node_ranks;
+    s.seen.assign(static_cast<std::size_t>(s.node_ranks) * channels, 0);
+    s.snapshot = gpu::pinned_buffer(s.seen.size() * sizeof(std::uint64_t));
     s.outstanding.assign(slots, 0);
     s.ring.resize(ring_events);
     s.ring_slot.assign(ring_events, 0);
@@ -360,9 +371,18 @@ private:
       --st.queued;
     }
   }
-  std::uint64_t flag_value(rank_t peer, channel_id ch) const {
-    return gpu::read_value64(reinterpret_cast<const std::uint64_t*>(st_->flags.data()) + slot(peer, ch), st_->poll.get(),
-                             reinterpret_cast<std::uint64_t*>(st_->slot.data()));
+  // Whether peer's flag on ch has reached count: from the last read where that says so, else
+  // after reading every flag of the node again. A rank on another node never signals here.
+  bool reached(rank_t peer, channel_id ch, std::uint64_t count) {
+    state& st = *st_;
+    if (peer < st.node_first || peer >= st.node_first + st.node_ranks) return count == 0;
+    const std::size_t k = static_cast<std::size_t>(peer - st.node_first) * st.channels + ch;
+    if (st.seen[k] >= count) return true;
+    auto* got = reinterpret_cast<std::uint64_t*>(st.snapshot.data());
+    gpu::read_values64(reinterpret_cast<const std::uint64_t*>(st.flags.data()) + slot(st.node_first, 0), st.seen.size(),
+                       st.poll.get(), got);
+    for (std::size_t i = 0; i < st.seen.size(); ++i) st.seen[i] = std::max(st.seen[i], got[i]);
+    return st.seen[k] >= count;
   }
   void check(rank_t peer, channel_id ch, const char* what) const {
     if (peer < 0 || peer >= st_->ranks || ch >= st_->channels)

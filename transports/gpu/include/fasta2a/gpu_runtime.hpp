@@ -359,6 +359,19 @@ inline std::uint64_t read_value64(const std::uint64_t* addr, [[maybe_unused]] st
   return *slot;
 }
 
+/// read_value64 of n consecutive values into slot[0, n): one copy and one round trip for all of
+/// them. Each value is an aligned 64-bit word that streams write whole; a value may be older than
+/// another one read in the same copy, never torn.
+inline void read_values64(const std::uint64_t* addr, std::size_t n, [[maybe_unused]] stream_t poll, std::uint64_t* slot) {
+  if (n == 0) return;
+#if defined(FASTA2A_GPU_STANDIN)
+  check(rt::read_values64(addr, n, slot), "read_values64 (into a slot that is not pinned host memory?)");
+#else
+  gpu::memcpy_async(slot, addr, n * sizeof *slot, poll);
+  gpu::stream_synchronize(poll);
+#endif
+}
+
 /// An owned stream (move-only).
 class stream {
 public:
