@@ -218,6 +218,22 @@ generator)
     check_report "$work/z.jsonl" 1 32 4 8 $((32 * 1024 * 1024))
     check_svg "$work/z.svg"
   fi
+  # The staging floor: a call of 1 MiB per rank gets the engine's 8 MiB floor, more than its own
+  # layout needs (nothing shared); without a floor a tenth of its largest buffer, shared.
+  if expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --repeat 1 \
+      --staging-fraction 0.1 --report "$work/floor.jsonl" &&
+     expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --repeat 1 \
+      --staging-fraction 0.1 --staging-floor 0 --report "$work/nofloor.jsonl"; then
+    py "
+import json, sys
+f = json.loads(open(sys.argv[1]).readline())
+n = json.loads(open(sys.argv[2]).readline())
+assert f['staging_budget'] == 8 << 20 and f['staging_ring'] == 0, f
+assert f['buffer_bytes_max'] / 10 < 8 << 20, f
+assert abs(n['staging_budget'] - n['buffer_bytes_max'] / 10) <= 1 and n['staging_ring'] > 0, n
+assert n['stages'] > f['stages'] and n['staging_bytes'] <= n['staging_budget'], (f, n)
+" "$work/floor.jsonl" "$work/nofloor.jsonl" || fail "the staging floor"
+  fi
   # The same seed gives the same plan; another seed another matrix.
   expect_ok plan --servers 4 --gpus 8 --zipf 1.2 --bytes-per-rank 1MiB --seed 7 --json "$work/z2.json" &&
     { cmp -s "$work/z.json" "$work/z2.json" || fail "the same seed gave another plan"; }

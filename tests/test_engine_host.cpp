@@ -141,11 +141,83 @@ TEST_CASE("engine.host.factorized_split_mode_moves_every_byte_of_pairs_served_in
   run_and_check<factorized_decomposer>(topo, calls, 1, {.staging_fraction = std::nullopt}, dec);
 }
 
+TEST_CASE("engine.host.the_staging_floor_keeps_small_calls_whole_and_leaves_large_ones_to_the_fraction") {
+  // staging_budget_for: the fraction, raised to the floor and to a granule per slot, capped by
+  // plan_options::staging_budget.
+  const plan_options po{.granule = 4};
+  CHECK(staging_budget_for(1000, 0.25, po) == 250);
+  CHECK(staging_budget_for(1000, 0.25, po, 4096) == 4096);
+  CHECK(staging_budget_for(bytes_t{1} << 30, 0.25, po, 4096) == bytes_t{1} << 28);
+  CHECK(staging_budget_for(10, 0.25, po) == 2 * 8 * 4); // a granule per slot
+  plan_options capped = po;
+  capped.staging_budget = 1000;
+  CHECK(staging_budget_for(1000, 0.25, capped, 4096) == 1000); // the cap wins over the floor
+  CHECK(engine_options{}.staging_floor == default_staging_floor);
+
+  // Engine calls, every byte checked: under the default floor, small calls keep the plan's own
+  // layout (staging_ring 0, the stages of a plan without a budget); with no floor the same calls
+  // share staging within 25% of their largest buffer and are cut into more stages; a floor
+  // between the two gives a budget between them.
+  std::mt19937_64 rng(777);
+  const two_tier_topology topo(4, 3);
+  std::vector<traffic_matrix> calls;
+  for (int k = 0; k < 4; ++k) calls.push_back(skewed(topo.ranks(), rng, 1));
+  struct seen {
+    std::size_t stages = 0;
+    std::uint32_t ring = 0;
+    bytes_t staging = 0;
+  };
+  auto run = [&](engine_options opt) {
+    std::vector<seen> got(calls.size());
+    host_fabric fabric(topo.ranks(), opt.timeout);
+    std::vector<std::string> errors(static_cast<std::size_t>(topo.ranks()));
+    std::vector<std::thread> threads;
+    for (rank_t r = 0; r < topo.ranks(); ++r)
+      threads.emplace_back([&, r] {
+        try {
+          host_bootstrap boot(fabric, r);
+          host_transport tr(fabric, r);
+          engine<two_tier_topology, host_bootstrap, host_transport, host_transport> eng(topo, boot, tr, tr, opt);
+          for (std::size_t c = 0; c < calls.size(); ++c) {
+            testing::engine_call_checked(eng, calls[c], r, 1);
+            if (r == 0)
+              got[c] = {eng.last_plan().stages(), eng.last_plan().staging_ring,
+                        *std::max_element(eng.last_plan().staging_bytes.begin(), eng.last_plan().staging_bytes.end())};
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+    return got;
+  };
+  const std::vector<seen> own = run({.staging_fraction = std::nullopt});
+  const std::vector<seen> floored = run({});
+  const std::vector<seen> bare = run({.staging_floor = 0});
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    CAPTURE(c);
+    const bytes_t largest = largest_buffer(calls[c]);
+    REQUIRE(largest * 4 < default_staging_floor); // small calls
+    CHECK(floored[c].ring == 0);
+    CHECK(floored[c].stages == own[c].stages);
+    CHECK(floored[c].staging == own[c].staging);
+    CHECK(bare[c].ring > 0);
+    CHECK(bare[c].stages > own[c].stages);
+    CHECK(bare[c].staging <= staging_budget_for(largest, 0.25, plan_options{}));
+  }
+  // A floor that is the largest call's own staging keeps every call whole.
+  bytes_t most = 0;
+  for (const seen& x : own) most = std::max(most, x.staging);
+  for (const seen& x : run({.staging_floor = most})) CHECK(x.ring == 0);
+}
+
 TEST_CASE("engine.host.per_rail_plans_move_every_byte_with_rails_on_their_own_stages") {
   // Per-rail schedules (plan_options::rails): each pair's bytes on one rail, each rail with stages
   // of its own, and balance not held back by the rank's own rail. Skewed calls on 6 x 3 and 5 x 4
-  // (rails with different stage counts), with the default staging budget (shared slots, each
-  // rail's stages cut apart) and without one; every byte checked.
+  // (rails with different stage counts), with the default staging fraction and no floor (shared
+  // slots, each rail's stages cut apart: these calls are far below the default floor), with the
+  // defaults and without a budget; every byte checked.
   std::mt19937_64 rng(4242);
   for (const auto& shape : {std::pair{6, 3}, std::pair{5, 4}}) {
     // not a structured binding: clang 14 cannot capture one in CAPTURE's lambda
@@ -159,8 +231,9 @@ TEST_CASE("engine.host.per_rail_plans_move_every_byte_with_rails_on_their_own_st
     tight.staging_budget = staging_budget_for(largest_buffer(calls[0]), *engine_options{}.staging_fraction, tight);
     const plan shared_slots = planner<two_tier_topology>(topo, tight).make(calls[0]);
     REQUIRE(shared_slots.per_rail());
-    CHECK(shared_slots.staging_ring > 0); // the default budget does cut each rail's stages here
+    CHECK(shared_slots.staging_ring > 0); // the default fraction does cut each rail's stages here
     CAPTURE(S);
+    run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::per_rail}, .staging_floor = 0});
     run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::per_rail}});
     run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::per_rail}, .staging_fraction = std::nullopt});
     run_and_check(topo, calls, 1, {.planning = {.rails = rail_schedule::automatic}});
@@ -1046,7 +1119,7 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
       if (variant == 5 || variant == 7) opt.plans_kept = 2;
       if (variant >= 6) opt.planning.rails = rail_schedule::per_rail;
       if (variant == 0 || variant == 6) opt.staging_fraction.reset(); // no budget: every piece a slot of its own
-      if (variant == 2) opt.staging_fraction = 0.02; // staging shared across stages
+      if (variant == 2) opt.staging_fraction = 0.02, opt.staging_floor = 0; // staging shared across stages
       if (variant == 3) opt.reuse_plans = false;
       std::vector<std::vector<src>> got(static_cast<std::size_t>(n));
       std::vector<int> rings(static_cast<std::size_t>(n), 0);
@@ -1083,7 +1156,7 @@ TEST_CASE("engine.host.a_combine_after_its_dispatch_runs_the_dispatch_plan_trans
           std::size_t at = 0;
           while (at < refs.size() && from != src::planned && refs[at].t != *t && refs[at].t != t->transpose()) ++at;
           if (from == src::planned) {
-            if (opt.staging_fraction) pl.set_staging_budget(staging_budget_for(largest_buffer(*t), *opt.staging_fraction, opt.planning));
+            if (opt.staging_fraction) pl.set_staging_budget(staging_budget_for(largest_buffer(*t), *opt.staging_fraction, opt.planning, opt.staging_floor));
             kept k{*t, plan{}, server_matrix{}, {}};
             pl.make_rank_into(*t, r, k.p);
             k.m = pl.rail_matrix();

@@ -54,6 +54,10 @@ Planning:
                           sends or receives), at least a granule per slot, at most --staging-budget
                           if given: what the engine does per call (engine_options::staging_fraction).
                           plan's default: none; run's default: the engine's, 0.25; 0 turns it off
+  --staging-floor B       the least budget --staging-fraction gives (default 8MiB, the engine's
+                          engine_options::staging_floor; 0: none): smaller calls keep their own
+                          layout instead of stages cut into chunks too small to pay for their
+                          synchronisations
   --staging-slots K       slots per staging ring where staging is shared (default 8)
   --rails MODE            shared (default: FAST, every rail of a server in step on server-level
                           stages), per-rail (each server pair on one rail, each rail's matrix
@@ -134,8 +138,8 @@ transport and buffers, and beside the plan's model figures.
 
 Topology, planning and input options are those of `fasta2a plan` (--servers, --gpus, --scaleup,
 --decomposer, --granule, --alpha, --max-plan-bytes, --staging-budget, --staging-fraction (default
-0.25 here, as the engine's), --staging-slots, --rails, --matrix/--index/--all/--unit, --uniform,
---zipf, --hotspot/--hot-share, --lognormal, --bytes-per-rank, --seed). One process holds every
+0.25 here, as the engine's), --staging-floor, --staging-slots, --rails, --matrix/--index/--all/
+--unit, --uniform, --zipf, --hotspot/--hot-share, --lognormal, --bytes-per-rank, --seed). One process holds every
 rank's buffers: size --unit or --bytes-per-rank to the machine's memory.
 Exit status: 0 every byte arrived; 1 a byte was wrong or a plan failed verification (a bug);
 2 bad input.
@@ -292,6 +296,8 @@ std::optional<options> parse_options(const std::vector<std::string_view>& args, 
     } else if (flag == "--staging-budget") {
       o.staging_budget = fa::parse_bytes(value(), flag);
       if (o.staging_budget == 0) throw fa::error("--staging-budget must be at least 1 byte, got 0 (leave it out for none)");
+    } else if (flag == "--staging-floor") {
+      o.staging_floor = fa::parse_bytes(value(), flag);
     } else if (flag == "--staging-fraction") {
       const std::string_view v = value();
       o.staging_fraction = parse_real(flag, v);

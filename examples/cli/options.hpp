@@ -51,6 +51,8 @@ struct options {
   /// command's default, the engine's 0.25 for run and none for plan). --staging-slots K.
   bytes_t staging_budget = 0;
   double staging_fraction = -1;
+  /// --staging-floor B: the least budget --staging-fraction gives (engine_options::staging_floor).
+  bytes_t staging_floor = fa::default_staging_floor;
   std::uint32_t staging_slots = fa::plan_options{}.staging_slots;
   /// --rails shared|per-rail|auto: plan_options::rails.
   fa::rail_schedule rails = fa::rail_schedule::shared;
@@ -119,7 +121,7 @@ inline fa::plan_options planning_options(const options& o) {
 /// as the engine computes it, else --staging-budget (0: none).
 inline bytes_t staging_budget_of(const options& o, const fa::traffic_view& t) {
   if (o.staging_fraction <= 0) return o.staging_budget;
-  return fa::staging_budget_for(fa::largest_buffer(t), o.staging_fraction, planning_options(o));
+  return fa::staging_budget_for(fa::largest_buffer(t), o.staging_fraction, planning_options(o), o.staging_floor);
 }
 
 } // namespace cli

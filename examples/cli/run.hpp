@@ -33,6 +33,7 @@ inline fa::engine_options engine_options_of(const options& o) {
   e.reuse_plans = false;
   if (o.staging_fraction == 0) e.staging_fraction.reset();
   else if (o.staging_fraction > 0) e.staging_fraction = o.staging_fraction;
+  e.staging_floor = o.staging_floor;
   return e;
 }
 

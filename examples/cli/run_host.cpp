@@ -176,7 +176,7 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
       // The plan the engine made: with the engine's staging budget for this call.
       const fa::engine_options eo = engine_options_of(o);
       fa::plan_options po = planning_options(o);
-      if (eo.staging_fraction) po.staging_budget = fa::staging_budget_for(fa::largest_buffer(t), *eo.staging_fraction, po);
+      if (eo.staging_fraction) po.staging_budget = fa::staging_budget_for(fa::largest_buffer(t), *eo.staging_fraction, po, eo.staging_floor);
       return fa::predict(topo, fa::planner<Topo, decltype(dec)>(topo, po, dec).make(t), cp).total_s;
     });
     const double model_direct = fa::predict(topo, fa::make_plan<fa::direct_decomposer>(topo, t, popt), cp).total_s;

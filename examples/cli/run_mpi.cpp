@@ -224,6 +224,7 @@ std::vector<std::pair<const char*, std::string>> agreed_options(const options& o
           {"--rail-window", num(o.rail_window)},
           {"--staging-budget", num(o.staging_budget)},
           {"--staging-fraction", strf("%a", o.staging_fraction)},
+          {"--staging-floor", num(o.staging_floor)},
           {"--staging-slots", num(o.staging_slots)},
           {"--rails", fa::to_string(o.rails)},
           {"--compare-mpi", num(o.compare_mpi)},

@@ -57,10 +57,16 @@ struct engine_options {
   /// sends or receives (every rank knows every rank's counts, so every rank plans with the same
   /// budget). Where the plan's own staging layout needs more on some rank, the plan shares staging
   /// across stages within this budget (plan_options::staging_budget: stages cut into slot-sized
-  /// chunks, slots reused as stages finish), at least one granule per slot. Where
-  /// planning.staging_budget is also set, the smaller budget applies. Unset: only
+  /// chunks, slots reused as stages finish), at least staging_floor and one granule per slot.
+  /// Where planning.staging_budget is also set, the smaller budget applies. Unset: only
   /// planning.staging_budget limits staging. The engine keeps the largest staging any call needed.
   std::optional<double> staging_fraction = 0.25;
+  /// The least staging budget staging_fraction gives a call, in bytes (default_staging_floor: 8
+  /// MiB): a call whose buffers are small needs little staging anyway, and cutting its stages into
+  /// chunks of a few bytes or KiB would add a synchronisation per chunk (a call of 256 bytes per
+  /// rank pair on 2 x 4 ranks: 32 stages at 25% without a floor, 1 with it). 0: none, the
+  /// fraction alone. planning.staging_budget, where set, still caps the budget.
+  bytes_t staging_floor = default_staging_floor;
   /// A call whose traffic matrix is the last call's transposed (an MoE layer's combine after its
   /// dispatch: every token goes back where it came from, in the same bytes) runs the last call's
   /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
@@ -717,6 +723,7 @@ private:
     h.mix(static_cast<std::uint64_t>(opt_.planning.rails));
     h.mix(static_cast<std::uint64_t>(opt_.staging_fraction.has_value()));
     h.mix(opt_.staging_fraction.value_or(0.0));
+    h.mix(opt_.staging_floor);
     h.mix(static_cast<std::uint64_t>(opt_.reuse_plans)); // every rank must decide alike
     h.mix(static_cast<std::uint64_t>(opt_.plans_kept));
     h.mix(decomposer_digest);
@@ -731,7 +738,7 @@ private:
   bytes_t staging_budget() const noexcept {
     std::uint64_t largest = 0;
     for (rank_t r = 0; r < n_; ++r) largest = std::max(largest, word(r, h_buffer));
-    return staging_budget_for(largest, *opt_.staging_fraction, opt_.planning);
+    return staging_budget_for(largest, *opt_.staging_fraction, opt_.planning, opt_.staging_floor);
   }
 
   std::string check_arguments(std::span<const std::byte> send, std::span<const std::uint64_t> send_counts,

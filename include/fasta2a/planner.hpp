@@ -78,13 +78,22 @@ struct plan_options {
   rail_schedule rails = rail_schedule::shared;
 };
 
+/// The engine's default floor of a call's staging budget (engine_options::staging_floor): 8 MiB,
+/// two rings of 8 slots of 512 KiB. A slot of 512 KiB is about 10 us of a 50 GB/s NIC, one
+/// stage's synchronisation (alpha): a budget that cuts stages into smaller chunks adds stages that
+/// cost more time than the memory they save is worth. Without a floor, a call of 256 bytes per
+/// rank pair on 2 x 4 ranks got a budget of 512 bytes at 25%: its one stage was cut into 32.
+inline constexpr bytes_t default_staging_floor = bytes_t{8} << 20;
+
 /// The staging budget of a call whose largest buffer (the most bytes any rank sends or receives)
-/// is `largest`: `fraction` of it, at least one granule per slot (2 x staging_slots granules), and
-/// at most opt.staging_budget where that is set. What the engine plans each call with
-/// (engine_options::staging_fraction) and `fasta2a plan --staging-fraction` shows.
-inline bytes_t staging_budget_for(bytes_t largest, double fraction, const plan_options& opt) noexcept {
+/// is `largest`: `fraction` of it, at least `floor` and one granule per slot (2 x staging_slots
+/// granules), and at most opt.staging_budget where that is set. What the engine plans each call
+/// with (engine_options::staging_fraction, staging_floor) and `fasta2a plan --staging-fraction`
+/// shows. A budget at least the plan's own staging shares nothing.
+inline bytes_t staging_budget_for(bytes_t largest, double fraction, const plan_options& opt, bytes_t floor = 0) noexcept {
   const long double want = static_cast<long double>(largest) * static_cast<long double>(fraction);
   bytes_t b = want >= 1.8e19L ? ~bytes_t{0} : static_cast<bytes_t>(want);
+  b = std::max(b, floor);
   b = std::max(b, 2 * static_cast<bytes_t>(opt.staging_slots) * opt.granule);
   if (opt.staging_budget > 0) b = std::min(b, opt.staging_budget);
   return b;

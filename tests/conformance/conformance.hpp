@@ -449,6 +449,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       engine_options opt;
       opt.rail_window = 1 + static_cast<std::size_t>(iter % 4);
       opt.staging_fraction = iter % 2 ? 0.05 : 0.15;
+      opt.staging_floor = 0; // these calls are small: any floor would leave them their own layout
       opt.planning.staging_slots = 1 + static_cast<std::uint32_t>(iter % 3);
       require_all_ok(W::run(S * G, [&](rank_t me, auto& boot, auto& tr, probe&) {
         using Tr = std::remove_cvref_t<decltype(tr)>;
@@ -534,7 +535,7 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", W, fasta2a_conformance) {
       opt.plans_kept = 2;
       opt.rail_window = 1 + static_cast<std::size_t>(variant % 3);
       if (variant == 0 || variant == 3) opt.staging_fraction.reset(); // each piece a slot of its own
-      if (variant == 2) opt.staging_fraction = 0.05;                   // staging shared across stages
+      if (variant == 2) opt.staging_fraction = 0.05, opt.staging_floor = 0; // staging shared across stages
       if (variant == 3) opt.planning.rails = rail_schedule::per_rail;
       const bool stages = S >= 2 && G >= 2;
       std::atomic<int> per_rail{0};
