@@ -356,6 +356,23 @@ M = [
          a="leaving[r] >= W", b="leaving[r] > W",
          targets=["test_planning"], args=["--source-file=*/test_cost_model.cpp"]),
     # program.hpp: two contiguous puts merged though their destinations are apart
+    # Added 2026-12-06: the staging floor, the GPU IPC connection's kept flag values, the view's
+    # skip of empty messages.
+    dict(id="planner-staging-floor-ignored", file="include/fasta2a/planner.hpp",
+         old="  b = std::max(b, floor);",
+         new="  b = std::max(b, bytes_t{0});",
+         a="std::max(b, floor)", b="std::max(b, bytes_t{0})",
+         targets=["test_host"], args=["--source-file=*/test_engine_host.cpp"]),
+    dict(id="gpu-ipc-kept-flags-unused", file="transports/gpu/include/fasta2a/gpu_ipc.hpp",
+         old="    if (st.seen[k] >= count) return true;",
+         new="    if (false) return true;",
+         a="st.seen[k] >= count", b="false",
+         targets=["test_gpu_ipc_standin"]),
+    dict(id="planner-view-skips-one-byte-messages", file="include/fasta2a/planner.hpp",
+         old="          for (int i = 0; i < in_word; ++i) todo |= static_cast<std::uint64_t>(B(a, first + i) != 0) << i;",
+         new="          for (int i = 0; i < in_word; ++i) todo |= static_cast<std::uint64_t>(B(a, first + i) > 1) << i;",
+         a="B(a, first + i) != 0", b="B(a, first + i) > 1",
+         targets=["test_planning"]),
     dict(id="program-coalesce-ignores-destination", file="include/fasta2a/program.hpp",
          old="prev.src + prev.bytes == x.src && prev.dst + prev.bytes == x.dst) {",
          new="prev.src + prev.bytes == x.src) {",
