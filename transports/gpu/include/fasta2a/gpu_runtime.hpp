@@ -360,8 +360,8 @@ inline std::uint64_t read_value64(const std::uint64_t* addr, [[maybe_unused]] st
 }
 
 /// read_value64 of n consecutive values into slot[0, n): one copy and one round trip for all of
-/// them. Each value is an aligned 64-bit word that streams write whole; a value may be older than
-/// another one read in the same copy, never torn.
+/// them. Each value is an aligned 64-bit word that streams write whole; the values of one copy may
+/// be of different moments (no snapshot of them all), and a value is read as read_value64 reads one.
 inline void read_values64(const std::uint64_t* addr, std::size_t n, [[maybe_unused]] stream_t poll, std::uint64_t* slot) {
   if (n == 0) return;
 #if defined(FASTA2A_GPU_STANDIN)
