@@ -156,8 +156,8 @@ TEST_CASE("engine.host.the_staging_floor_keeps_small_calls_whole_and_leaves_larg
 
   // Engine calls, every byte checked: under the default floor, small calls keep the plan's own
   // layout (staging_ring 0, the stages of a plan without a budget); with no floor the same calls
-  // share staging within 25% of their largest buffer and are cut into more stages; a floor
-  // between the two gives a budget between them.
+  // share staging within 25% of their largest buffer and are cut into more stages; a floor equal
+  // to the most any call's own layout needs keeps every call whole.
   std::mt19937_64 rng(777);
   const two_tier_topology topo(4, 3);
   std::vector<traffic_matrix> calls;
