@@ -288,6 +288,57 @@ void BM_reuse_test(benchmark::State& state) {
   state.SetLabel(rank_test ? "each rank its row, answers in the headers" : "whole matrix both ways (baseline)");
 }
 
+// What the plan format alone costs: the whole slack plans of BM_synthesis_* at 64 GPUs, made before
+// the timing, each copied piece by piece into a plan, its op index built as the planner builds it
+// (detail::index_builder, counted as each piece is stored, placed at the end) and its message
+// index set, with no planning at all. Item 3 of issue 13 asks for the whole plan in 50 us: where
+// this alone takes about that, a planner that writes every piece and op of every rank cannot get
+// there by planning faster. `rank_view` 1: the same for rank views (cycling through the ranks).
+void BM_plan_materialize(benchmark::State& state) {
+  const int servers = static_cast<int>(state.range(0));
+  const bool megatron_inputs = state.range(1) != 0, rank_view = state.range(2) != 0;
+  if (megatron_inputs && !have_trace(state)) return;
+  const rank_t ranks = servers * 8;
+  planner<fixed_topology<8>, slack_decomposer> pl(h200_cluster(servers), {.granule = 8192});
+  std::vector<plan> made;
+  for (std::size_t k = 0; k < 16; ++k) {
+    const traffic_matrix t = megatron_inputs ? megatron_tiled(servers, k * 7)
+                                             : zipf_traffic(ranks, 1.0, bytes_t{64} << 20, 1000 + k, 8192);
+    made.push_back(rank_view ? pl.make_rank(t, static_cast<rank_t>(k * 5 % static_cast<std::size_t>(ranks)))
+                             : pl.make(t));
+  }
+  plan q;
+  detail::index_builder<8> index;
+  std::size_t i = 0, pieces = 0, ops = 0, plans = 0;
+  for (auto _ : state) {
+    const plan& p = made[i];
+    q.servers = p.servers;
+    q.gpus_per_server = p.gpus_per_server;
+    q.view = p.view;
+    q.stage_weight.assign(p.stage_weight.begin(), p.stage_weight.end());
+    q.message_first.assign(p.message_first.begin(), p.message_first.end());
+    q.message_count.assign(p.message_count.begin(), p.message_count.end());
+    q.pieces.clear();
+    index.begin(q);
+    for (const piece& pc : p.pieces) {
+      index.add(pc);
+      q.pieces.push_back(pc);
+    }
+    index.finish();
+    benchmark::DoNotOptimize(q.op_list.data());
+    pieces += q.pieces.size();
+    ops += q.op_list.size();
+    ++plans;
+    i = (i + 1) % made.size();
+  }
+  if (q.op_list != made[(i + made.size() - 1) % made.size()].op_list) state.SkipWithError("the op index differs");
+  state.counters["pieces"] = static_cast<double>(pieces) / static_cast<double>(std::max<std::size_t>(plans, 1));
+  state.counters["ops"] = static_cast<double>(ops) / static_cast<double>(std::max<std::size_t>(plans, 1));
+  state.counters["ranks"] = ranks;
+  state.SetLabel(std::string(megatron_inputs ? "megatron, " : "zipf, ") +
+                 (rank_view ? "a rank's pieces and ops, copied and indexed" : "whole plan's pieces and ops, copied and indexed"));
+}
+
 // Phase 2 alone (exact Birkhoff on the server matrix), where the whole plan is too large to build:
 // how many stages exact decomposition needs and what it costs.
 void BM_decompose_birkhoff(benchmark::State& state) {
@@ -341,6 +392,9 @@ BENCHMARK(BM_combine)->Apply(big_combine_scales<0>);
 BENCHMARK(BM_combine)->Apply(big_combine_scales<1>);
 BENCHMARK(BM_reuse_test)->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)
     ->Args({64, 0})->Args({64, 1})->Args({1024, 0})->Args({1024, 1})->Args({4096, 0})->Args({4096, 1});
+
+BENCHMARK(BM_plan_materialize)->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)
+    ->Args({8, 0, 0})->Args({8, 1, 0})->Args({8, 0, 1})->Args({8, 1, 1});
 
 BENCHMARK(BM_decompose_birkhoff)
     ->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(3)->ReportAggregatesOnly(true)
