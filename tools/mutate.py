@@ -355,7 +355,6 @@ M = [
          old="if (sends && leaving[r] >= W) break;", new="if (sends && leaving[r] > W) break;",
          a="leaving[r] >= W", b="leaving[r] > W",
          targets=["test_planning"], args=["--source-file=*/test_cost_model.cpp"]),
-    # program.hpp: two contiguous puts merged though their destinations are apart
     # Added 2026-12-06: the staging floor, the GPU IPC connection's kept flag values, the view's
     # skip of empty messages.
     dict(id="planner-staging-floor-ignored", file="include/fasta2a/planner.hpp",
@@ -373,6 +372,7 @@ M = [
          new="          for (int i = 0; i < in_word; ++i) todo |= static_cast<std::uint64_t>(B(a, first + i) > 1) << i;",
          a="B(a, first + i) != 0", b="B(a, first + i) > 1",
          targets=["test_planning"]),
+    # program.hpp: two contiguous puts merged though their destinations are apart
     dict(id="program-coalesce-ignores-destination", file="include/fasta2a/program.hpp",
          old="prev.src + prev.bytes == x.src && prev.dst + prev.bytes == x.dst) {",
          new="prev.src + prev.bytes == x.src) {",
