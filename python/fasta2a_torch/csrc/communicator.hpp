@@ -1,0 +1,251 @@
+// fasta2a_torch: one group's fasta2a machinery in a process (bootstrap, transports, engine) and
+// the thread that runs its collectives in order. Knows nothing of torch: the c10d backend and the
+// Group object (module.cpp) hand it byte spans and counts.
+#pragma once
+
+#include <fasta2a/engine.hpp>
+#include <fasta2a/libfabric.hpp>
+#include <fasta2a/registry.hpp>
+#include <fasta2a/tcp_bootstrap.hpp>
+#include <fasta2a/topology.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fasta2a_torch {
+
+namespace fa = fasta2a;
+
+/// How a communicator is made; every rank of the group passes the same values but `rank`.
+struct comm_config {
+  int rank = 0;
+  int size = 1;
+  int servers = 1;
+  int gpus_per_server = 1;
+  std::chrono::milliseconds timeout{1800000};
+  std::string decomposer = "birkhoff";
+  std::string scaleup_provider;  ///< libfabric provider inside a server ("" chooses: see choose_providers)
+  std::string scaleout_provider; ///< libfabric provider between servers
+  std::size_t plans_kept = 1;
+  std::optional<double> staging_fraction = 0.25;
+};
+
+/// A completion that a caller can wait for: set once by the communicator's thread.
+class completion {
+public:
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard l(m_);
+      done_ = true;
+      error_ = std::move(e);
+    }
+    cv_.notify_all();
+    if (then_) then_(error_);
+  }
+  bool done() const {
+    std::lock_guard l(m_);
+    return done_;
+  }
+  /// Waits; rethrows the operation's error.
+  void wait() {
+    std::unique_lock l(m_);
+    cv_.wait(l, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  std::exception_ptr error() const {
+    std::lock_guard l(m_);
+    return error_;
+  }
+  /// Called once, on the communicator's thread, when the operation ends (set before submitting).
+  std::function<void(std::exception_ptr)> then_;
+
+private:
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// The bootstrap, transports and engine of one group on this rank, and one thread that runs the
+/// group's collectives in the order they were submitted (the engine and the bootstrap serve one
+/// thread at a time; torch calls a backend from whichever thread the user is on).
+class communicator {
+public:
+  using topology = fa::two_tier_topology;
+  using bootstrap = fa::tcp_bootstrap;
+  using transport = fa::libfabric_transport;
+  using engine_type = fa::engine_core<topology, bootstrap, transport, transport, fa::host_memory>;
+
+  /// Collective over the group. `publish(id)` (rank 0) stores where rank 0 listens, `lookup()` (the
+  /// others) reads it back: the job's store, so no port of fasta2a's own is configured.
+  communicator(const comm_config& c, const std::function<void(const std::string&)>& publish,
+               const std::function<std::string()>& lookup, const std::string& root_host)
+      : cfg_(c), topo_(c.servers, c.gpus_per_server) {
+    if (c.servers * c.gpus_per_server != c.size)
+      throw fa::error("fasta2a_torch: " + std::to_string(c.servers) + " servers x " + std::to_string(c.gpus_per_server) +
+                      " GPUs is not the group's " + std::to_string(c.size) + " ranks");
+    fa::tcp_bootstrap_options bo;
+    bo.rank = c.rank;
+    bo.size = c.size;
+    bo.timeout = c.timeout;
+    if (c.rank == 0) {
+      fa::tcp_listener listener(0);
+      publish(listener.id(root_host));
+      boot_.emplace(listener, bo);
+    } else {
+      bo.id = lookup();
+      boot_.emplace(bo);
+    }
+    fa::libfabric_options lo;
+    lo.timeout = c.timeout;
+    lo.provider = c.scaleout_provider;
+    out_.emplace(*boot_, lo);
+    if (c.scaleup_provider == out_->provider() || c.scaleup_provider.empty()) {
+      up_ = &*out_;
+    } else {
+      lo.provider = c.scaleup_provider;
+      up_own_.emplace(*boot_, lo);
+      up_ = &*up_own_;
+    }
+    fa::engine_options eo;
+    eo.timeout = c.timeout;
+    eo.plans_kept = c.plans_kept;
+    eo.staging_fraction = c.staging_fraction;
+    const fa::decomposer_params dp{.scaleout = fa::scaleout_of(topo_)};
+    engine_ = fa::with_decomposer(c.decomposer, dp, [&](auto dec) -> std::shared_ptr<engine_type> {
+      using D = decltype(dec);
+      return std::make_shared<fa::engine<topology, bootstrap, transport, transport, D>>(topo_, *boot_, *up_, *out_, eo,
+                                                                                       std::move(dec));
+    });
+    thread_ = std::thread([this] { run(); });
+  }
+
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+
+  ~communicator() {
+    {
+      std::lock_guard l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    // Every rank's puts complete before the endpoints close (a peer may still read them).
+    try {
+      if (!failed_) {
+        out_->quiesce();
+        if (up_own_) up_own_->quiesce();
+      }
+    } catch (...) {
+    }
+    engine_.reset();
+  }
+
+  int rank() const noexcept { return cfg_.rank; }
+  int size() const noexcept { return cfg_.size; }
+  const comm_config& config() const noexcept { return cfg_; }
+  std::string describe() const {
+    std::string s = std::to_string(cfg_.servers) + " servers x " + std::to_string(cfg_.gpus_per_server) +
+                    " ranks, decomposer " + cfg_.decomposer + "; scale-out: " + out_->describe();
+    if (up_own_) s += "; scale-up: " + up_own_->describe();
+    else s += "; scale-up: the same endpoint";
+    return s;
+  }
+
+  /// Runs `op` on the communicator's thread after everything submitted before it.
+  std::shared_ptr<completion> submit(std::function<void()> op, std::shared_ptr<completion> c = nullptr) {
+    if (!c) c = std::make_shared<completion>();
+    {
+      std::lock_guard l(m_);
+      queue_.push_back({std::move(op), c});
+    }
+    cv_.notify_all();
+    return c;
+  }
+
+  // What the operations do, on the communicator's thread.
+
+  void alltoallv(std::span<const std::byte> send, const std::vector<std::uint64_t>& send_counts,
+                 const std::vector<std::uint64_t>& send_displs, std::span<std::byte> recv,
+                 const std::vector<std::uint64_t>& recv_counts, const std::vector<std::uint64_t>& recv_displs) {
+    engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    const fa::call_stats& s = engine_->last_stats();
+    std::lock_guard l(stats_m_);
+    ++calls_;
+    last_ = s;
+  }
+  void allgather(std::span<const std::byte> mine, std::span<std::byte> all) { boot_->allgather(mine, all); }
+  void barrier() { boot_->allgather({}, {}); }
+
+  /// The engine's figures of the last all-to-all: plan, exchange, execute seconds; where the plan
+  /// came from; stages.
+  struct stats_view {
+    std::uint64_t calls = 0;
+    fa::call_stats last{};
+  };
+  stats_view stats() const {
+    std::lock_guard l(stats_m_);
+    return {calls_, last_};
+  }
+  std::size_t last_stages() const { return engine_->last_plan().stages(); }
+
+private:
+  struct task {
+    std::function<void()> op;
+    std::shared_ptr<completion> done;
+  };
+
+  void run() {
+    for (;;) {
+      task t;
+      {
+        std::unique_lock l(m_);
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr e;
+      try {
+        t.op();
+      } catch (...) {
+        e = std::current_exception();
+        failed_ = true;
+      }
+      t.done->finish(e);
+    }
+  }
+
+  comm_config cfg_;
+  topology topo_;
+  std::optional<bootstrap> boot_;
+  std::optional<transport> out_;
+  std::optional<transport> up_own_;
+  transport* up_ = nullptr;
+  std::shared_ptr<engine_type> engine_;
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<task> queue_;
+  bool stop_ = false;
+  bool failed_ = false;
+  std::thread thread_;
+
+  mutable std::mutex stats_m_;
+  std::uint64_t calls_ = 0;
+  fa::call_stats last_{};
+};
+
+} // namespace fasta2a_torch
