@@ -99,7 +99,7 @@ public:
     fa::tcp_bootstrap_options bo;
     bo.rank = c.rank;
     bo.size = c.size;
-    bo.timeout = c.timeout;
+    bo.timeout = bootstrap_timeout(c.timeout);
     if (c.rank == 0) {
       fa::tcp_listener listener(0);
       publish(listener.id(root_host));
@@ -153,6 +153,17 @@ public:
     engine_.reset();
   }
 
+  /// The bootstrap's own timeout for a group timeout t: a rank that is not the root waits for the
+  /// root's verdict up to the bootstrap's timeout plus its grace (tcp_bootstrap_options::grace),
+  /// so the bootstrap gets less than t where that sum would pass t + 1.5 s: every rank then raises
+  /// within the group's timeout + 1.5 s, whichever rank stopped (the root included).
+  static std::chrono::milliseconds bootstrap_timeout(std::chrono::milliseconds t) {
+    using ms = std::chrono::milliseconds;
+    const ms slack(1500), most_grace(5000);
+    const ms a = (t + slack) * 2 / 3, b = t > most_grace - slack ? t - (most_grace - slack) : ms(0);
+    return std::min(t, std::max(a, b));
+  }
+
   int rank() const noexcept { return cfg_.rank; }
   int size() const noexcept { return cfg_.size; }
   const comm_config& config() const noexcept { return cfg_; }
@@ -185,6 +196,18 @@ public:
     std::lock_guard l(stats_m_);
     ++calls_;
     last_ = s;
+  }
+  /// Takes part in an all-to-all whose arguments this rank refused (split sizes that do not match
+  /// its tensors): the engine's counts exchange carries the refusal, so every other rank raises
+  /// "rank r refused its all-to-allv arguments; nothing was sent" instead of waiting for it.
+  void refuse() {
+    const std::vector<std::uint64_t> counts(static_cast<std::size_t>(cfg_.size), 0);
+    std::vector<std::uint64_t> bad = counts;
+    bad[0] = 1; // one byte from an empty buffer: the engine refuses it on this rank
+    try {
+      engine_->alltoallv(std::span<const std::byte>{}, bad, counts, std::span<std::byte>{}, counts, counts);
+    } catch (const fa::error&) { // this rank's own error is the caller's ValueError
+    }
   }
   void allgather(std::span<const std::byte> mine, std::span<std::byte> all) { boot_->allgather(mine, all); }
   void barrier() { boot_->allgather({}, {}); }

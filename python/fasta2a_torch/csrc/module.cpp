@@ -124,6 +124,19 @@ a2a_args check_alltoall(at::Tensor& out, at::Tensor& in, const std::vector<int64
   return a;
 }
 
+/// check_alltoall, and where it raises, the refusal that tells every other rank (communicator::refuse)
+/// queued before the error reaches the caller: nothing hangs waiting for this rank.
+a2a_args checked_or_refused(communicator& c, at::Tensor& out, at::Tensor& in, const std::vector<int64_t>& out_splits,
+                            const std::vector<int64_t>& in_splits) {
+  try {
+    return check_alltoall(out, in, out_splits, in_splits, c.size());
+  } catch (...) {
+    communicator* p = &c;
+    c.submit([p] { p->refuse(); });
+    throw;
+  }
+}
+
 std::span<const std::byte> bytes_of(const at::Tensor& t) {
   return {static_cast<const std::byte*>(t.data_ptr()), static_cast<std::size_t>(t.numel()) * t.element_size()};
 }
@@ -164,7 +177,7 @@ public:
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                                                std::vector<int64_t>& in_splits,
                                                const c10d::AllToAllOptions& /*opts*/) override {
-    a2a_args a = check_alltoall(out, in, out_splits, in_splits, getSize());
+    a2a_args a = checked_or_refused(*comm_, out, in, out_splits, in_splits);
     auto w = c10::make_intrusive<work>(getRank(), c10d::OpType::ALLTOALL_BASE, std::vector<at::Tensor>{out});
     return submit(w, alltoall_op(comm_.get(), std::move(a)));
   }
@@ -295,7 +308,7 @@ public:
 
   void all_to_all_single(at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
                          std::vector<int64_t> in_splits) {
-    a2a_args a = check_alltoall(out, in, out_splits, in_splits, comm_->size());
+    a2a_args a = checked_or_refused(*comm_, out, in, out_splits, in_splits);
     comm_->submit(alltoall_op(comm_.get(), std::move(a)))->wait();
   }
   /// Every rank's split sizes: row r of the result is rank r's `splits` (n x n, int64).
