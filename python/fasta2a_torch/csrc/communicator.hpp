@@ -193,9 +193,11 @@ public:
                  const std::vector<std::uint64_t>& recv_counts, const std::vector<std::uint64_t>& recv_displs) {
     engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
     const fa::call_stats& s = engine_->last_stats();
+    const std::size_t stages = engine_->last_plan().stages();
     std::lock_guard l(stats_m_);
     ++calls_;
     last_ = s;
+    stages_ = stages;
   }
   /// Takes part in an all-to-all whose arguments this rank refused (split sizes that do not match
   /// its tensors): the engine's counts exchange carries the refusal, so every other rank raises
@@ -222,7 +224,11 @@ public:
     std::lock_guard l(stats_m_);
     return {calls_, last_};
   }
-  std::size_t last_stages() const { return engine_->last_plan().stages(); }
+  /// Stages of the last all-to-all's plan.
+  std::size_t last_stages() const {
+    std::lock_guard l(stats_m_);
+    return stages_;
+  }
 
 private:
   struct task {
@@ -268,6 +274,7 @@ private:
 
   mutable std::mutex stats_m_;
   std::uint64_t calls_ = 0;
+  std::size_t stages_ = 0;
   fa::call_stats last_{};
 };
 

@@ -357,6 +357,7 @@ py::dict stats_of(communicator& c) {
   d["plan_from"] = std::string(fa::to_string(s.last.plan_from));
   d["recovered"] = s.last.recovered;
   d["puts"] = s.last.puts;
+  d["stages"] = c.last_stages();
   return d;
 }
 
