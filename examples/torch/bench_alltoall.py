@@ -21,10 +21,12 @@ On one machine:
     python3 -m torch.distributed.run --standalone --redirects 2 --tee 2 --nproc_per_node 4 \\
         examples/torch/bench_alltoall.py --workloads zipf:1.0:4M,uniform:4M,small:4K
 
-On the emulated cluster (examples/cluster/cluster.sh up 4 4 200; each rank on its own NIC: the
-launcher sets FASTA2A_NIC, which this script also gives gloo as GLOO_SOCKET_IFNAME):
+On the emulated cluster (examples/cluster/cluster.sh up 4 4 200), each rank on its own NIC for
+both backends (emulated_cluster.py: the launcher sets FASTA2A_NIC; gloo's connecting sockets,
+which gloo never binds, are bound to the rank's address by the preloaded bind_source library):
 
-    examples/cluster/cluster.sh launch -- env PYTHONPATH=build/python /usr/bin/python3 \\
+    examples/cluster/cluster.sh launch -- env PYTHONPATH=build/python \\
+        LD_PRELOAD=build/examples/cluster/libfasta2a_bind_source.so /usr/bin/python3 \\
         examples/torch/bench_alltoall.py --nic-mbit 200 --json results.jsonl
 """
 
@@ -38,8 +40,9 @@ import statistics
 import sys
 import time
 
-if os.environ.get("FASTA2A_NIC") and not os.environ.get("GLOO_SOCKET_IFNAME"):
-    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["FASTA2A_NIC"]  # gloo on the rank's own NIC too
+from emulated_cluster import pin_to_nic
+
+pin_to_nic()  # on the emulated cluster: this rank's NIC for fasta2a and gloo alike
 
 import torch
 import torch.distributed as dist

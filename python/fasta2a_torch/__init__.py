@@ -21,7 +21,8 @@ server come from ``FASTA2A_GPUS_PER_SERVER``, else ``LOCAL_WORLD_SIZE``; a group
 form S servers x G ranks, each server's ranks contiguous, is refused when it is made.
 
 Environment (all optional): ``FASTA2A_DECOMPOSER`` (default ``birkhoff``), ``FASTA2A_PLANS_KEPT``
-(default 1), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
+(default 1), ``FASTA2A_STAGING_FRACTION`` (staging per rank as a fraction of the call's largest
+buffer, default 0.25; 0: no limit), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
 ``FASTA2A_FI_PROVIDER`` sets both; default one ``tcp;ofi_rxm`` endpoint for both tiers), ``FASTA2A_BOOTSTRAP_HOST`` (the address rank 0 publishes for
 fasta2a's bootstrap; default: its address on the route to ``MASTER_ADDR``).
 """
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["Group", "Handle", "topology_of", "BACKEND"]
+__all__ = ["Group", "DeviceGroup", "Handle", "topology_of", "BACKEND"]
 
 BACKEND = "fasta2a"
 TimeoutError = _C.TimeoutError  # noqa: A001 (fasta2a's timeout, a RuntimeError)
@@ -134,9 +135,12 @@ def _make(store, rank: int, size: int, global_ranks: Sequence[int], timeout: dat
     dec = decomposer or os.environ.get("FASTA2A_DECOMPOSER", "birkhoff")
     kept = plans_kept or _env_int("FASTA2A_PLANS_KEPT", 1)
     up, out = _providers()
+    fraction = float(os.environ.get("FASTA2A_STAGING_FRACTION", "0.25"))
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"fasta2a: FASTA2A_STAGING_FRACTION={fraction} is not in [0, 1]")
     args = dict(store=store, rank=rank, size=size, servers=servers, gpus_per_server=gpus,
                 timeout_s=timeout.total_seconds(), decomposer=dec, scaleup_provider=up, scaleout_provider=out,
-                plans_kept=kept, root_host=_root_host())
+                plans_kept=kept, staging_fraction=fraction, root_host=_root_host())
     if inner is None:
         return _C.Engine(**args)
     return _C.ProcessGroupFasta2a(inner=inner, **args)
@@ -193,6 +197,32 @@ class _AllToAll(torch.autograd.Function):
 _groups_made = {}
 
 
+def _default_timeout() -> datetime.timedelta:
+    from torch.distributed import distributed_c10d as c10d
+    return c10d.default_pg_timeout
+
+
+def _group_store(group, what: str):
+    """(a store of its own, global ranks, rank, size) for a fasta2a object over torch group `group`.
+
+    Each object made over one group gets its own prefix of that group's store, numbered in the
+    order they are made (collective: every rank makes them in the same order).
+    """
+    if not dist.is_initialized():
+        raise RuntimeError(f"fasta2a: fasta2a_torch.{what} needs torch.distributed initialised first "
+                           "(dist.init_process_group)")
+    from torch.distributed import distributed_c10d as c10d
+    pg = group if group is not None else c10d._get_default_group()
+    store = c10d._pg_map[pg][1]
+    if store is None:
+        raise RuntimeError("fasta2a: the group has no store to start fasta2a's bootstrap from")
+    key = c10d._pg_names.get(pg, "?")
+    n = _groups_made.get(key, 0)
+    _groups_made[key] = n + 1
+    return (dist.PrefixStore(f"fasta2a_group/{key}/{n}", store), dist.get_process_group_ranks(pg),
+            dist.get_rank(pg), dist.get_world_size(pg))
+
+
 class Group:
     """One fasta2a engine for an expert-parallel group, made once and used for every call.
 
@@ -214,22 +244,9 @@ class Group:
 
     def __init__(self, group=None, *, timeout: Optional[datetime.timedelta] = None,
                  decomposer: Optional[str] = None, plans_kept: Optional[int] = None):
-        if not dist.is_initialized():
-            raise RuntimeError("fasta2a: fasta2a_torch.Group needs torch.distributed initialised first "
-                               "(dist.init_process_group)")
-        from torch.distributed import distributed_c10d as c10d
-        pg = group if group is not None else c10d._get_default_group()
-        ranks = dist.get_process_group_ranks(pg)
-        store = c10d._pg_map[pg][1]
-        if store is None:
-            raise RuntimeError("fasta2a: the group has no store to start fasta2a's bootstrap from")
-        key = c10d._pg_names.get(pg, "?")
-        n = _groups_made.get(key, 0)
-        _groups_made[key] = n + 1
-        self.rank = dist.get_rank(pg)
-        self.size = dist.get_world_size(pg)
-        self._engine = _make(dist.PrefixStore(f"fasta2a_group/{key}/{n}", store), self.rank, self.size, ranks,
-                             timeout or c10d.default_pg_timeout, decomposer, plans_kept)
+        store, ranks, self.rank, self.size = _group_store(group, "Group")
+        self._engine = _make(store, self.rank, self.size, ranks, timeout or _default_timeout(), decomposer,
+                             plans_kept)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
                           input_split_sizes=None) -> torch.Tensor:
@@ -268,3 +285,6 @@ class Group:
 
     def describe(self) -> str:
         return self._engine.describe()
+
+
+from .device import DeviceGroup  # noqa: E402  (uses the helpers above)

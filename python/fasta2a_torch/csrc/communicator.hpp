@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace fasta2a_torch {
@@ -78,21 +79,40 @@ private:
   std::exception_ptr error_;
 };
 
+/// How rank 0 of a group is found: rank 0 listens (a tcp_listener bound beforehand, its id
+/// published through the job's store), the others connect to the id they read there.
+struct rendezvous {
+  fa::tcp_listener* listener = nullptr; ///< rank 0
+  std::string root_id;                  ///< the others: "host:port"
+};
+
+/// How a communicator makes a scale-up transport that is not libfabric: specialised where such a
+/// transport is used (device_module.cpp: the GPU IPC transport), with
+/// `static void make(std::optional<Up>&, fa::tcp_bootstrap&, M&, const comm_config&)` and
+/// `static std::string describe()`.
+template <class Up, class M>
+struct scaleup_of;
+
 /// The bootstrap, transports and engine of one group on this rank, and one thread that runs the
 /// group's collectives in the order they were submitted (the engine and the bootstrap serve one
 /// thread at a time; torch calls a backend from whichever thread the user is on).
-class communicator {
+///
+/// `Up` is the scale-up transport and `M` the memory space: libfabric and host memory for CPU
+/// tensors (communicator), the GPU IPC transport and gpu_memory for device buffers
+/// (device_module.cpp). Scale-out is always the libfabric transport.
+template <class Up, class M>
+class basic_communicator {
 public:
   using topology = fa::two_tier_topology;
   using bootstrap = fa::tcp_bootstrap;
   using transport = fa::libfabric_transport;
-  using engine_type = fa::engine_core<topology, bootstrap, transport, transport, fa::host_memory>;
+  using engine_type = fa::engine_core<topology, bootstrap, Up, transport, M>;
 
-  /// Collective over the group. `publish(id)` (rank 0) stores where rank 0 listens, `lookup()` (the
-  /// others) reads it back: the job's store, so no port of fasta2a's own is configured.
-  communicator(const comm_config& c, const std::function<void(const std::string&)>& publish,
-               const std::function<std::string()>& lookup, const std::string& root_host)
-      : cfg_(c), topo_(c.servers, c.gpus_per_server) {
+  /// Collective over the group (every rank makes its communicators in the same order). With
+  /// libfabric for scale-up, the scale-out endpoint serves both tiers unless the configuration
+  /// names another provider for scale-up.
+  basic_communicator(const comm_config& c, const rendezvous& rv, M mem = M{})
+      : cfg_(c), topo_(c.servers, c.gpus_per_server), mem_(std::move(mem)) {
     if (c.servers * c.gpus_per_server != c.size)
       throw fa::error("fasta2a_torch: " + std::to_string(c.servers) + " servers x " + std::to_string(c.gpus_per_server) +
                       " GPUs is not the group's " + std::to_string(c.size) + " ranks");
@@ -101,22 +121,26 @@ public:
     bo.size = c.size;
     bo.timeout = bootstrap_timeout(c.timeout);
     if (c.rank == 0) {
-      fa::tcp_listener listener(0);
-      publish(listener.id(root_host));
-      boot_.emplace(listener, bo);
+      if (rv.listener == nullptr) throw fa::error("fasta2a_torch: rank 0 needs a listener");
+      boot_.emplace(*rv.listener, bo);
     } else {
-      bo.id = lookup();
+      bo.id = rv.root_id;
       boot_.emplace(bo);
     }
     fa::libfabric_options lo;
     lo.timeout = c.timeout;
     lo.provider = c.scaleout_provider;
     out_.emplace(*boot_, lo);
-    if (c.scaleup_provider == out_->provider() || c.scaleup_provider.empty()) {
-      up_ = &*out_;
+    if constexpr (std::is_same_v<Up, transport>) {
+      if (c.scaleup_provider == out_->provider() || c.scaleup_provider.empty()) {
+        up_ = &*out_;
+      } else {
+        lo.provider = c.scaleup_provider;
+        up_own_.emplace(*boot_, lo);
+        up_ = &*up_own_;
+      }
     } else {
-      lo.provider = c.scaleup_provider;
-      up_own_.emplace(*boot_, lo);
+      scaleup_of<Up, M>::make(up_own_, *boot_, mem_, c);
       up_ = &*up_own_;
     }
     fa::engine_options eo;
@@ -126,16 +150,15 @@ public:
     const fa::decomposer_params dp{.scaleout = fa::scaleout_of(topo_)};
     engine_ = fa::with_decomposer(c.decomposer, dp, [&](auto dec) -> std::shared_ptr<engine_type> {
       using D = decltype(dec);
-      return std::make_shared<fa::engine<topology, bootstrap, transport, transport, D>>(topo_, *boot_, *up_, *out_, eo,
-                                                                                       std::move(dec));
+      return std::make_shared<fa::engine<topology, bootstrap, Up, transport, D, M>>(topo_, *boot_, *up_, *out_, eo,
+                                                                                   std::move(dec), mem_);
     });
     thread_ = std::thread([this] { run(); });
   }
+  basic_communicator(const basic_communicator&) = delete;
+  basic_communicator& operator=(const basic_communicator&) = delete;
 
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-
-  ~communicator() {
+  ~basic_communicator() {
     {
       std::lock_guard l(m_);
       stop_ = true;
@@ -145,8 +168,10 @@ public:
     // Every rank's puts complete before the endpoints close (a peer may still read them).
     try {
       if (!failed_) {
+        engine_->synchronize();
         out_->quiesce();
-        if (up_own_) up_own_->quiesce();
+        if constexpr (std::is_same_v<Up, transport>)
+          if (up_own_) up_own_->quiesce();
       }
     } catch (...) {
     }
@@ -170,8 +195,12 @@ public:
   std::string describe() const {
     std::string s = std::to_string(cfg_.servers) + " servers x " + std::to_string(cfg_.gpus_per_server) +
                     " ranks, decomposer " + cfg_.decomposer + "; scale-out: " + out_->describe();
-    if (up_own_) s += "; scale-up: " + up_own_->describe();
-    else s += "; scale-up: the same endpoint";
+    if constexpr (std::is_same_v<Up, transport>) {
+      if (up_own_) s += "; scale-up: " + up_own_->describe();
+      else s += "; scale-up: the same endpoint";
+    } else {
+      s += "; scale-up: " + scaleup_of<Up, M>::describe();
+    }
     return s;
   }
 
@@ -199,6 +228,23 @@ public:
     last_ = s;
     stages_ = stages;
   }
+  /// The stream-ordered form (memory spaces with streams): returns once the call is queued on
+  /// `stream`; the bytes move later (fasta2a::engine's stream form).
+  template <class S>
+  void alltoallv_on(std::span<const std::byte> send, const std::vector<std::uint64_t>& send_counts,
+                    const std::vector<std::uint64_t>& send_displs, std::span<std::byte> recv,
+                    const std::vector<std::uint64_t>& recv_counts, const std::vector<std::uint64_t>& recv_displs,
+                    S stream) {
+    engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, stream);
+    std::lock_guard l(stats_m_);
+    ++calls_;
+  }
+  /// Waits until every stream-ordered call has executed; raises an asynchronous error.
+  void synchronize() { engine_->synchronize(); }
+  /// Forgets the engine's registrations of memory containing `p` (before that memory is freed and
+  /// its addresses possibly handed out again: fasta2a::engine::forget_buffer).
+  void forget(const void* p) { engine_->forget_buffer(p); }
+
   /// Takes part in an all-to-all whose arguments this rank refused (split sizes that do not match
   /// its tensors): the engine's counts exchange carries the refusal, so every other rank raises
   /// "rank r refused its all-to-allv arguments; nothing was sent" instead of waiting for it.
@@ -259,10 +305,11 @@ private:
 
   comm_config cfg_;
   topology topo_;
+  M mem_;
   std::optional<bootstrap> boot_;
   std::optional<transport> out_;
-  std::optional<transport> up_own_;
-  transport* up_ = nullptr;
+  std::optional<Up> up_own_;
+  Up* up_ = nullptr;
   std::shared_ptr<engine_type> engine_;
 
   std::mutex m_;
@@ -277,5 +324,8 @@ private:
   std::size_t stages_ = 0;
   fa::call_stats last_{};
 };
+
+/// CPU tensors: libfabric for both tiers (one endpoint, or a second for scale-up), host memory.
+using communicator = basic_communicator<fa::libfabric_transport, fa::host_memory>;
 
 } // namespace fasta2a_torch

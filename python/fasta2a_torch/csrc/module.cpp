@@ -156,13 +156,15 @@ std::function<void()> alltoall_op(communicator* c, a2a_args a) {
 std::shared_ptr<communicator> make_communicator(const c10::intrusive_ptr<c10d::Store>& store, const comm_config& cfg,
                                                 const std::string& root_host) {
   const std::string key = "fasta2a/bootstrap";
-  auto publish = [&](const std::string& id) { store->set(key, std::vector<uint8_t>(id.begin(), id.end())); };
-  auto lookup = [&]() {
-    store->wait({key}, cfg.timeout);
-    const std::vector<uint8_t> v = store->get(key);
-    return std::string(v.begin(), v.end());
-  };
-  return std::make_shared<communicator>(cfg, publish, lookup, root_host);
+  if (cfg.rank == 0) {
+    fa::tcp_listener listener(0);
+    const std::string id = listener.id(root_host);
+    store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
+    return std::make_shared<communicator>(cfg, rendezvous{.listener = &listener});
+  }
+  store->wait({key}, cfg.timeout);
+  const std::vector<uint8_t> v = store->get(key);
+  return std::make_shared<communicator>(cfg, rendezvous{.root_id = std::string(v.begin(), v.end())});
 }
 
 /// The c10d backend "fasta2a": all_to_all_single, all-gathers and barrier on fasta2a's engine and
@@ -332,7 +334,7 @@ private:
 };
 
 comm_config config_of(int rank, int size, int servers, int gpus, double timeout_s, const std::string& decomposer,
-                      const std::string& up, const std::string& out, std::size_t plans_kept) {
+                      const std::string& up, const std::string& out, std::size_t plans_kept, double staging_fraction) {
   comm_config c;
   c.rank = rank;
   c.size = size;
@@ -343,6 +345,8 @@ comm_config config_of(int rank, int size, int servers, int gpus, double timeout_
   c.scaleup_provider = up;
   c.scaleout_provider = out;
   c.plans_kept = plans_kept;
+  if (staging_fraction > 0) c.staging_fraction = staging_fraction;
+  else c.staging_fraction.reset(); // 0: staging as the plan lays it out, no budget
   return c;
 }
 
@@ -372,14 +376,15 @@ PYBIND11_MODULE(_C, m) {
   py::class_<process_group, c10d::ProcessGroup, c10::intrusive_ptr<process_group>>(m, "ProcessGroupFasta2a")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int servers, int gpus,
                        double timeout_s, const std::string& decomposer, const std::string& up,
-                       const std::string& out, std::size_t plans_kept, const std::string& root_host,
-                       const c10::intrusive_ptr<c10d::ProcessGroup>& inner) {
-             auto cfg = config_of(rank, size, servers, gpus, timeout_s, decomposer, up, out, plans_kept);
+                       const std::string& out, std::size_t plans_kept, double staging_fraction,
+                       const std::string& root_host, const c10::intrusive_ptr<c10d::ProcessGroup>& inner) {
+             auto cfg = config_of(rank, size, servers, gpus, timeout_s, decomposer, up, out, plans_kept, staging_fraction);
              return c10::make_intrusive<process_group>(make_communicator(store, cfg, root_host), inner);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("gpus_per_server"),
            py::arg("timeout_s"), py::arg("decomposer"), py::arg("scaleup_provider"), py::arg("scaleout_provider"),
-           py::arg("plans_kept"), py::arg("root_host"), py::arg("inner"), py::call_guard<py::gil_scoped_release>())
+           py::arg("plans_kept"), py::arg("staging_fraction"), py::arg("root_host"), py::arg("inner"),
+           py::call_guard<py::gil_scoped_release>())
       .def("describe", [](process_group& pg) { return pg.comm().describe(); })
       .def("stats", [](process_group& pg) { return stats_of(pg.comm()); })
       .def_property_readonly("inner", [](process_group& pg) { return pg.inner(); });
@@ -387,13 +392,15 @@ PYBIND11_MODULE(_C, m) {
   py::class_<group>(m, "Engine")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int servers, int gpus,
                        double timeout_s, const std::string& decomposer, const std::string& up,
-                       const std::string& out, std::size_t plans_kept, const std::string& root_host) {
-             auto cfg = config_of(rank, size, servers, gpus, timeout_s, decomposer, up, out, plans_kept);
+                       const std::string& out, std::size_t plans_kept, double staging_fraction,
+                       const std::string& root_host) {
+             auto cfg = config_of(rank, size, servers, gpus, timeout_s, decomposer, up, out, plans_kept, staging_fraction);
              return std::make_unique<group>(make_communicator(store, cfg, root_host));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("gpus_per_server"),
            py::arg("timeout_s"), py::arg("decomposer"), py::arg("scaleup_provider"), py::arg("scaleout_provider"),
-           py::arg("plans_kept"), py::arg("root_host"), py::call_guard<py::gil_scoped_release>())
+           py::arg("plans_kept"), py::arg("staging_fraction"), py::arg("root_host"),
+           py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_single", &group::all_to_all_single, py::call_guard<py::gil_scoped_release>())
       .def("gather_splits", &group::gather_splits, py::call_guard<py::gil_scoped_release>())
       .def("barrier", &group::barrier, py::call_guard<py::gil_scoped_release>())
