@@ -187,7 +187,8 @@ for spec in args.workloads.split(","):
                fasta2a_s=fa, gloo_s=gl, speedup=gl / fa, fasta2a_runs=times["fasta2a"], gloo_runs=times["gloo"],
                engine_s=statistics.median(engine_s[1:]), lb_server_s=lb,
                fasta2a_over_lb=fa / lb if lb else None, gloo_over_lb=gl / lb if lb else None,
-               stages=pg.stats().get("stages"))
+               stages=pg.stats().get("stages"), staging_bytes_max=int(slowest(pg.stats().get("staging_bytes", 0))),
+               recv_bytes=sum(outs) * args.row_bytes)
     results.append(row)
     if rank == 0:
         lbtxt = f"  x LB {fa / lb:5.2f} / {gl / lb:5.2f}" if lb else ""

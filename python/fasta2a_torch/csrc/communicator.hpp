@@ -223,10 +223,12 @@ public:
     engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
     const fa::call_stats& s = engine_->last_stats();
     const std::size_t stages = engine_->last_plan().stages();
+    const std::size_t staging = engine_->staging_bytes();
     std::lock_guard l(stats_m_);
     ++calls_;
     last_ = s;
     stages_ = stages;
+    staging_ = staging;
   }
   /// The stream-ordered form (memory spaces with streams): returns once the call is queued on
   /// `stream`; the bytes move later (fasta2a::engine's stream form).
@@ -275,6 +277,11 @@ public:
     std::lock_guard l(stats_m_);
     return stages_;
   }
+  /// Staging memory this rank's engine holds (the most any call needed so far), in bytes.
+  std::size_t staging_bytes() const {
+    std::lock_guard l(stats_m_);
+    return staging_;
+  }
 
 private:
   struct task {
@@ -322,6 +329,7 @@ private:
   mutable std::mutex stats_m_;
   std::uint64_t calls_ = 0;
   std::size_t stages_ = 0;
+  std::size_t staging_ = 0;
   fa::call_stats last_{};
 };
 

@@ -362,6 +362,7 @@ py::dict stats_of(communicator& c) {
   d["recovered"] = s.last.recovered;
   d["puts"] = s.last.puts;
   d["stages"] = c.last_stages();
+  d["staging_bytes"] = c.staging_bytes();
   return d;
 }
 
