@@ -11,7 +11,8 @@
 ``all_to_all_single`` (uneven, equal and zero splits, every dtype, ``async_op``), ``all_gather``,
 ``all_gather_into_tensor`` / ``_all_gather_base``, ``all_gather_object`` and ``barrier`` run on
 fasta2a's engine and bootstrap; every other collective is delegated to a gloo group made from the
-same store, so ``"fasta2a"`` can be a training script's default backend.
+same store (``FASTA2A_INNER_BACKEND=nccl`` picks NCCL in a CUDA build of torch), so ``"fasta2a"``
+can be a training script's default backend.
 
 For runtimes that own their buffers, :class:`Group` holds one engine per expert-parallel group,
 with ``dispatch``/``combine`` (the combine runs the dispatch's plan transposed) and autograd.
@@ -22,7 +23,7 @@ form S servers x G ranks, each server's ranks contiguous, is refused when it is 
 
 Environment (all optional): ``FASTA2A_DECOMPOSER`` (default ``birkhoff``), ``FASTA2A_PLANS_KEPT``
 (default 1), ``FASTA2A_STAGING_FRACTION`` (staging per rank as a fraction of the call's largest
-buffer; default 0: no budget, staging as the plan lays it out), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
+buffer, default 0.25; 0: no budget, staging as the plan lays it out), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
 ``FASTA2A_FI_PROVIDER`` sets both; default one ``tcp;ofi_rxm`` endpoint for both tiers), ``FASTA2A_BOOTSTRAP_HOST`` (the address rank 0 publishes for
 fasta2a's bootstrap; default: its address on the route to ``MASTER_ADDR``).
 """
@@ -135,10 +136,11 @@ def _make(store, rank: int, size: int, global_ranks: Sequence[int], timeout: dat
     dec = decomposer or os.environ.get("FASTA2A_DECOMPOSER", "birkhoff")
     kept = plans_kept or _env_int("FASTA2A_PLANS_KEPT", 1)
     up, out = _providers()
-    # No staging budget by default: measured on the emulated cluster (docs/TORCH.md), the engine's
-    # 25% budget cut large calls into 3-8x the stages and cost 10-15% (Zipf(1.0) 16 MiB per rank:
-    # 1.14 -> 1.03 x LB_server); the price is staging memory as the plan lays it out.
-    fraction = float(os.environ.get("FASTA2A_STAGING_FRACTION", "0"))
+    # The engine's default budget, 25% of the call's largest buffer. Without a budget large calls
+    # ran 10-15% faster on the emulated cluster, but 2 of 3 benchmark runs then hung in one call
+    # until the timeout (an intra-server signal over tcp;ofi_rxm never arrived; docs/TORCH.md),
+    # and none did in 6 runs with the budget.
+    fraction = float(os.environ.get("FASTA2A_STAGING_FRACTION", "0.25"))
     if not 0 <= fraction <= 1:
         raise ValueError(f"fasta2a: FASTA2A_STAGING_FRACTION={fraction} is not in [0, 1]")
     args = dict(store=store, rank=rank, size=size, servers=servers, gpus_per_server=gpus,
@@ -149,11 +151,24 @@ def _make(store, rank: int, size: int, global_ranks: Sequence[int], timeout: dat
     return _C.ProcessGroupFasta2a(inner=inner, **args)
 
 
+def _inner_group(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The group that runs the collectives fasta2a does not: gloo, or NCCL with
+    ``FASTA2A_INNER_BACKEND=nccl`` in a CUDA build of torch (that path has never run: no GPU here)."""
+    inner = os.environ.get("FASTA2A_INNER_BACKEND", "gloo")
+    if inner == "gloo":
+        return dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    if inner == "nccl":
+        if not dist.is_nccl_available():
+            raise RuntimeError("fasta2a: FASTA2A_INNER_BACKEND=nccl, but this torch has no NCCL")
+        return dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, timeout)
+    raise ValueError(f"fasta2a: FASTA2A_INNER_BACKEND={inner!r}: gloo or nccl")
+
+
 def _create_backend(opts, pg_options=None):
     store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    inner = _inner_group(store, rank, size, timeout)
     return _make(dist.PrefixStore("fasta2a", store), rank, size, list(opts.global_ranks_in_group), timeout,
-                 None, None, inner=gloo)
+                 None, None, inner=inner)
 
 
 if BACKEND.upper() not in dist.Backend._plugins:
