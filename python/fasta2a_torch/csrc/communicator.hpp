@@ -43,6 +43,26 @@ struct comm_config {
   std::optional<double> staging_fraction = 0.25;
 };
 
+/// A comm_config from the values the Python side passes (the timeout in seconds; a staging fraction
+/// of 0 for no budget).
+inline comm_config config_of(int rank, int size, int servers, int gpus, double timeout_s, const std::string& decomposer,
+                             const std::string& up, const std::string& out, std::size_t plans_kept,
+                             double staging_fraction) {
+  comm_config c;
+  c.rank = rank;
+  c.size = size;
+  c.servers = servers;
+  c.gpus_per_server = gpus;
+  c.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000.0));
+  c.decomposer = decomposer;
+  c.scaleup_provider = up;
+  c.scaleout_provider = out;
+  c.plans_kept = plans_kept;
+  if (staging_fraction > 0) c.staging_fraction = staging_fraction;
+  else c.staging_fraction.reset(); // staging as the plan lays it out, no budget
+  return c;
+}
+
 /// A completion that a caller can wait for: set once by the communicator's thread.
 class completion {
 public:

@@ -71,15 +71,8 @@ public:
                 double timeout_s, const std::string& decomposer, const std::string& out, std::size_t plans_kept) {
     std::string why;
     if (fa::gpu::device_count(&why) < 1) throw fa::error("fasta2a: no device: " + why);
-    comm_config c;
-    c.rank = rank;
-    c.size = size;
-    c.servers = servers;
-    c.gpus_per_server = gpus;
-    c.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000.0));
-    c.decomposer = decomposer;
-    c.scaleout_provider = out;
-    c.plans_kept = plans_kept;
+    // Device memory is scarce: the engine's staging budget (25% of the call's largest buffer).
+    const comm_config c = config_of(rank, size, servers, gpus, timeout_s, decomposer, "", out, plans_kept, 0.25);
     comm_ = std::make_unique<device_communicator>(c, rendezvous{.listener = listener, .root_id = root_id});
   }
 
