@@ -23,7 +23,7 @@ form S servers x G ranks, each server's ranks contiguous, is refused when it is 
 
 Environment (all optional): ``FASTA2A_DECOMPOSER`` (default ``birkhoff``), ``FASTA2A_PLANS_KEPT``
 (default 1), ``FASTA2A_STAGING_FRACTION`` (staging per rank as a fraction of the call's largest
-buffer, default 0.25; 0: no budget, staging as the plan lays it out), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
+buffer; default 0: no budget, staging as the plan lays it out), ``FASTA2A_SCALEOUT_PROVIDER`` and ``FASTA2A_SCALEUP_PROVIDER`` (libfabric providers;
 ``FASTA2A_FI_PROVIDER`` sets both; default one ``tcp;ofi_rxm`` endpoint for both tiers), ``FASTA2A_BOOTSTRAP_HOST`` (the address rank 0 publishes for
 fasta2a's bootstrap; default: its address on the route to ``MASTER_ADDR``).
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 import socket
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -136,19 +137,21 @@ def _make(store, rank: int, size: int, global_ranks: Sequence[int], timeout: dat
     dec = decomposer or os.environ.get("FASTA2A_DECOMPOSER", "birkhoff")
     kept = plans_kept or _env_int("FASTA2A_PLANS_KEPT", 1)
     up, out = _providers()
-    # The engine's default budget, 25% of the call's largest buffer. Without a budget large calls
-    # ran 10-15% faster on the emulated cluster, but 2 of 3 benchmark runs then hung in one call
-    # until the timeout (an intra-server signal over tcp;ofi_rxm never arrived; docs/TORCH.md),
-    # and none did in 6 runs with the budget.
-    fraction = float(os.environ.get("FASTA2A_STAGING_FRACTION", "0.25"))
+    # No staging budget by default: on the emulated cluster large calls ran 10-15% faster without
+    # one (Zipf(1.0) at 16 MiB per rank 1.05 x LB_server against 1.14), for more staging (113 MiB
+    # per rank on the Megatron matrices at 64 MiB per rank, against 25% of the largest buffer;
+    # docs/TORCH.md). A fraction bounds it (the C++ engine's own default is 0.25).
+    fraction = float(os.environ.get("FASTA2A_STAGING_FRACTION", "0"))
     if not 0 <= fraction <= 1:
         raise ValueError(f"fasta2a: FASTA2A_STAGING_FRACTION={fraction} is not in [0, 1]")
     args = dict(store=store, rank=rank, size=size, servers=servers, gpus_per_server=gpus,
                 timeout_s=timeout.total_seconds(), decomposer=dec, scaleup_provider=up, scaleout_provider=out,
                 plans_kept=kept, staging_fraction=fraction, root_host=_root_host())
-    if inner is None:
-        return _C.Engine(**args)
-    return _C.ProcessGroupFasta2a(inner=inner, **args)
+    made = _C.Engine(**args) if inner is None else _C.ProcessGroupFasta2a(inner=inner, **args)
+    text = made.describe()
+    if "WARNING" in text and rank == 0:
+        warnings.warn("fasta2a: " + text[text.index("WARNING"):], RuntimeWarning, stacklevel=3)
+    return made
 
 
 def _inner_group(store, rank: int, size: int, timeout: datetime.timedelta):

@@ -107,6 +107,21 @@ inline std::string fi_resolve_provider(const std::string& requested) {
   return "tcp;ofi_rxm";
 }
 
+/// libfabric 1.17's tcp provider copies a small send (under FI_TCP_STAGING_SBUF_SIZE bytes, a
+/// signal's header among them) into a staging buffer of the process and reports it complete even
+/// when the socket is full, so the bytes leave only at the sender's next progress call. A rank
+/// that has finished a call makes no such call until its next one: the last signal behind a large
+/// put then sat in its process while the peer waited for it (measured on 16 ranks without a staging
+/// budget: 2 calls of about 100 lost a signal until the sender's timeout; each arrived within 2 ms
+/// of its sender's next progress call). Without the staging buffer a send completes only once the
+/// kernel holds it. Sets FI_TCP_STAGING_SBUF_SIZE=0 where the environment does not set it, before
+/// libfabric first reads it (its first fi_getinfo in the process); returns the value in effect.
+inline std::string fi_tcp_send_staging() {
+  ::setenv("FI_TCP_STAGING_SBUF_SIZE", "0", 0);
+  const char* v = std::getenv("FI_TCP_STAGING_SBUF_SIZE");
+  return v != nullptr ? v : "";
+}
+
 /// Owns an fi_info list.
 struct fi_info_deleter {
   void operator()(fi_info* i) const noexcept { fi_freeinfo(i); }
@@ -137,6 +152,7 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
   } else if (ordered == false) {
     hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   }
+  fi_tcp_send_staging();
   fi_info* info = nullptr;
   const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints.get(), &info);
   if (rc != 0) {
@@ -302,10 +318,19 @@ public:
            ", writes of at most " + std::to_string(chunk_) + " bytes, " +
            (hmem_ ? std::string("FI_HMEM (CUDA ") + (hmem_cuda_ ? "yes" : "no") + ", ROCr " + (hmem_rocr_ ? "yes" : "no") + ")"
                   : std::string("no FI_HMEM")) +
-           " device memory registration";
+           " device memory registration" + tcp_staging_note();
   }
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
+  /// For tcp: the send staging in effect (see detail::fi_tcp_send_staging), and a warning where
+  /// the environment turned it on.
+  std::string tcp_staging_note() const {
+    if (provider_.rfind("tcp", 0) != 0) return "";
+    const std::string v = detail::fi_tcp_send_staging();
+    if (v == "0") return ", no tcp send staging (FI_TCP_STAGING_SBUF_SIZE=0)";
+    return ", WARNING: FI_TCP_STAGING_SBUF_SIZE=" + v + " from the environment: a signal may stay in its sender's process "
+           "until the sender's next call and its peer time out waiting (unset it)";
+  }
 
   /// Registers [p, p + n) as a put source and target (fi_mr_reg, FI_WRITE | FI_REMOTE_WRITE).
   /// An empty region needs no registration. Throws fasta2a::error if p is null while n > 0 or
