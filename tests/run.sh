@@ -9,7 +9,7 @@
 #           build runs, MPI worlds up to 4 ranks, and of the worlds that run the same code one
 #           (tests/sanitize.sh says which)
 #   tsan    the engine and transport tests under TSan (tests/sanitize.sh tsan, clang, build-tsan/)
-# About 31 minutes on 2 cores (README, "Sanitizers and chaos tests": CI's limit is 30).
+# About 31 minutes on 2 cores (README, "Sanitizers and chaos tests"; CI asks for under 45).
 # FASTA2A_SANITIZERS=0 leaves the two sanitizer jobs out (a quicker local run; CI runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
