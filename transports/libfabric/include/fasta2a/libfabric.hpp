@@ -112,8 +112,9 @@ inline std::string fi_resolve_provider(const std::string& requested) {
 /// when the socket is full, so the bytes leave only at the sender's next progress call. A rank
 /// that has finished a call makes no such call until its next one: the last signal behind a large
 /// put then sat in its process while the peer waited for it (measured on 16 ranks without a staging
-/// budget: 2 calls of about 100 lost a signal until the sender's timeout; each arrived within 2 ms
-/// of its sender's next progress call). Without the staging buffer a send completes only once the
+/// budget: 3 benchmark runs of 25, about 300 calls, each lost one signal until the timeout; made to
+/// call progress while idle, a sender released its stalled signal 1 ms before the peer had it:
+/// docs/TORCH.md). Without the staging buffer a send completes only once the
 /// kernel holds it. Sets FI_TCP_STAGING_SBUF_SIZE=0 where the environment does not set it, before
 /// libfabric first reads it (its first fi_getinfo in the process); returns the value in effect.
 inline std::string fi_tcp_send_staging() {
