@@ -113,9 +113,8 @@ inline std::string fi_resolve_provider(const std::string& requested) {
 /// that has finished a call makes no such call until its next one: the last signal behind a large
 /// put then sat in its process while the peer waited for it (measured on 16 ranks without a staging
 /// budget: 3 benchmark runs of 25, about 300 calls, each lost one signal until the timeout; made to
-/// call progress while idle, a sender released its stalled signal 1 ms before the peer had it:
-/// docs/TORCH.md). Without the staging buffer a send completes only once the
-/// kernel holds it. Sets FI_TCP_STAGING_SBUF_SIZE=0 where the environment does not set it, before
+/// call progress while idle, a sender's stalled signal reached its peer 1 ms after that call:
+/// docs/TORCH.md). Without the staging buffer a send completes only once the kernel holds it. Sets FI_TCP_STAGING_SBUF_SIZE=0 where the environment does not set it, before
 /// libfabric first reads it (its first fi_getinfo in the process); returns the value in effect.
 inline std::string fi_tcp_send_staging() {
   ::setenv("FI_TCP_STAGING_SBUF_SIZE", "0", 0);
@@ -323,11 +322,11 @@ public:
   }
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
-  /// For tcp: the send staging in effect (see detail::fi_tcp_send_staging), and a warning where
-  /// the environment turned it on.
+  /// For tcp: the send staging set when the endpoint was opened (see detail::fi_tcp_send_staging),
+  /// and a warning where the environment turned it on.
   std::string tcp_staging_note() const {
     if (provider_.rfind("tcp", 0) != 0) return "";
-    const std::string v = detail::fi_tcp_send_staging();
+    const std::string& v = tcp_staging_;
     if (v == "0") return ", no tcp send staging (FI_TCP_STAGING_SBUF_SIZE=0)";
     return ", WARNING: FI_TCP_STAGING_SBUF_SIZE=" + v + " from the environment: a signal may stay in its sender's process "
            "until the sender's next call and its peer time out waiting (unset it)";
@@ -440,6 +439,7 @@ private:
   // --------------------------------------------------------------------------------------------
 
   void open() {
+    tcp_staging_ = detail::fi_tcp_send_staging(); // before the queries below read the environment
     std::string why_ordered, why_any;
     // With FI_HMEM where the provider offers it (libfabric_options::hmem), else without.
     auto query = [&](std::optional<bool> ordered, std::string* why) {
@@ -855,6 +855,7 @@ private:
   fid_ep* ep_ = nullptr;
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
   bool delivery_ = false;        ///< puts ask for FI_DELIVERY_COMPLETE
+  std::string tcp_staging_;      ///< FI_TCP_STAGING_SBUF_SIZE when the endpoint was opened
   bool hmem_ = false, hmem_cuda_ = false, hmem_rocr_ = false; ///< FI_HMEM opened; its interfaces
   std::uint64_t write_flags_ = 0;
   std::size_t chunk_ = 0;
