@@ -4,7 +4,7 @@
 # python3-torch, libtorch-dev and pybind11-dev: installed without their recommended packages
 # (a desktop's worth of GUI libraries that torch does not need).
 set -euo pipefail
-pkgs=(cmake g++ ninja-build libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev python3 libopenmpi-dev openmpi-bin libfabric-dev pkg-config clang libclang-rt-14-dev hipcc)
+pkgs=(cmake g++ ninja-build libeigen3-dev libssl-dev doctest-dev nlohmann-json3-dev libbenchmark-dev python3 libopenmpi-dev openmpi-bin libfabric-dev pkg-config clang libclang-rt-14-dev hipcc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

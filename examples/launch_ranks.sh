@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fasta2a: starts N processes of one command on this machine without MPI, as torchrun would: each
-# with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (fasta2a::tcp_bootstrap reads
-# them). Waits for all; if one fails, or the time limit passes, the others are killed (by process
+# with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and FASTA2A_JOB_SECRET (drawn for the
+# job unless set) set (fasta2a::tcp_bootstrap reads them). Waits for all; if one fails, or the time limit passes, the others are killed (by process
 # id). Exits with the worst exit status of the ranks that ended by themselves (124 on the time
 # limit).
 #
@@ -31,6 +31,13 @@ if [[ -z $port ]]; then
     { echo "launch_ranks.sh: error: cannot find a free port (give -p PORT)" >&2; exit 2; }
 fi
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} MASTER_PORT=$port WORLD_SIZE=$n
+# The job's secret (fasta2a::tcp_bootstrap: only processes that hold it join the job), drawn here
+# unless set; in the environment, where other users cannot read it.
+if [[ -z ${FASTA2A_JOB_SECRET:-} ]]; then
+  FASTA2A_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n') ||
+    { echo "launch_ranks.sh: error: cannot draw a job secret from /dev/urandom" >&2; exit 2; }
+fi
+export FASTA2A_JOB_SECRET
 
 pids=()
 for ((r = 0; r < n; ++r)); do

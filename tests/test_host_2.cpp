@@ -3,3 +3,4 @@
 
 #include "test_conformance_host.cpp"
 #include "test_tcp_bootstrap.cpp"
+#include "test_tcp_bootstrap_security.cpp"

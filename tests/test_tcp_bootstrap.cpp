@@ -30,8 +30,12 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+/// The job secret of the tests' jobs (each process of a test holds it).
+const std::string job_secret = "fasta2a-test-job-secret-6a1f0c";
+
 tcp_bootstrap_options opts(rank_t rank, rank_t size, std::uint16_t port, std::chrono::milliseconds timeout = 10s) {
   tcp_bootstrap_options o;
+  o.secret = job_secret;
   o.root_address = "127.0.0.1";
   o.port = port;
   o.rank = rank;
@@ -44,7 +48,7 @@ tcp_bootstrap_options opts(rank_t rank, rank_t size, std::uint16_t port, std::ch
 /// rank's error text (empty: none).
 std::vector<std::string> on_threads(rank_t n, const std::function<void(tcp_bootstrap&)>& body,
                                     std::chrono::milliseconds timeout = 10s) {
-  tcp_listener listener(0);
+  tcp_listener listener(0, "127.0.0.1");
   std::vector<std::string> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (rank_t r = 0; r < n; ++r)
@@ -142,13 +146,13 @@ void collect(std::vector<child>& cs, std::chrono::milliseconds limit) {
 
 /// A free port on loopback, closed again (a connection to it is refused).
 std::uint16_t free_port() {
-  tcp_listener l(0);
+  tcp_listener l(0, "127.0.0.1");
   return l.port();
 }
 
 /// A port whose root process will listen on it: bound by a listener the child inherits.
 struct root_port {
-  tcp_listener listener{0};
+  tcp_listener listener{0, "127.0.0.1"};
   std::uint16_t port() const { return listener.port(); }
 };
 
@@ -191,7 +195,7 @@ TEST_CASE("tcp_bootstrap.threads.allgathers_deliver_every_rank_blob_in_rank_orde
 }
 
 TEST_CASE("tcp_bootstrap.threads.an_id_string_replaces_address_and_port") {
-  tcp_listener l(0);
+  tcp_listener l(0, "127.0.0.1");
   const std::string id = l.id("127.0.0.1");
   CHECK(id == "127.0.0.1:" + std::to_string(l.port()));
   std::string err1;
@@ -199,6 +203,7 @@ TEST_CASE("tcp_bootstrap.threads.an_id_string_replaces_address_and_port") {
     try {
       tcp_bootstrap_options o;
       o.id = id;
+      o.secret = job_secret;
       o.rank = 1;
       o.size = 2;
       o.timeout = 5s;
@@ -290,7 +295,7 @@ TEST_CASE("tcp_bootstrap.options.from_the_environment_with_fasta2a_overrides") {
 }
 
 TEST_CASE("tcp_bootstrap.threads.a_stray_connection_is_closed_and_the_ranks_still_start") {
-  tcp_listener l(0);
+  tcp_listener l(0, "127.0.0.1");
   // A stray client: garbage instead of the magic word.
   std::string stray_saw = "nothing";
   std::thread stray([&] {
@@ -330,7 +335,7 @@ TEST_CASE("tcp_bootstrap.threads.a_stray_connection_is_closed_and_the_ranks_stil
 }
 
 TEST_CASE("tcp_bootstrap.threads.another_protocol_version_is_told_why") {
-  tcp_listener l(0);
+  tcp_listener l(0, "127.0.0.1");
   std::string reply;
   std::thread other([&] {
     detail::tcp_fd fd(::socket(AF_INET, SOCK_STREAM, 0));

@@ -409,7 +409,7 @@ int run_mpi_command(const options& o) {
   std::string scaleout = "MPI transport";
 #ifdef FASTA2A_HAVE_LIBFABRIC
   if (o.transport == "libfabric") {
-    fab = std::make_unique<fabric>(fab_boot, fa::libfabric_options{.provider = o.fi_provider});
+    fab = std::make_unique<fabric>(fab_boot, fa::libfabric_options{.provider = o.fi_provider, .timeout = o.timeout});
     scaleout = fab->describe();
   }
 #endif

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -107,7 +108,8 @@ int run_tcp_command(const options& o, fa::tcp_bootstrap& boot) {
                     " of " + std::to_string(o.gpus) + " GPUs per server (" + std::to_string(topo.servers()) +
                     " servers)");
   const workload w = load_workload(o, n); // every rank reads or generates the same matrices
-  transport tr(boot);
+  // --timeout bounds the transport's waits too (a put's completion, a peer's signal).
+  transport tr(boot, fa::libfabric_options{.provider = o.fi_provider, .timeout = o.timeout});
   std::ofstream report;
   if (me == 0 && !o.report_path.empty()) {
     report.open(o.report_path, std::ios::binary | std::ios::trunc);
@@ -165,7 +167,10 @@ int run_tcp_command(const options& o, fa::tcp_bootstrap& boot) {
 
 int run_tcp(const options& o) {
   // The rank is known only once the environment is read: until then errors name no rank.
-  fa::tcp_bootstrap boot = fa::tcp_bootstrap::from_env();
+  // --timeout bounds the bootstrap's waits as well, unless FASTA2A_BOOTSTRAP_TIMEOUT sets them.
+  fa::tcp_bootstrap_options bo = fa::tcp_bootstrap_options::from_env();
+  if (const char* t = std::getenv("FASTA2A_BOOTSTRAP_TIMEOUT"); t == nullptr || *t == '\0') bo.timeout = o.timeout;
+  fa::tcp_bootstrap boot(bo);
   try {
     return run_tcp_command(o, boot);
   } catch (const delivery_failure& e) {

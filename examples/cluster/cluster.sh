@@ -7,7 +7,8 @@
 #   cluster.sh launch [-t SECONDS] [-p PORT] [--] CMD ARGS
 #                                 S*G processes of CMD without MPI, rank (s, k) in server s's
 #                                 namespace with torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
-#                                 MASTER_ADDR (rank 0's NIC), MASTER_PORT (default 29500) and
+#                                 MASTER_ADDR (rank 0's NIC), MASTER_PORT (default 29500),
+#                                 FASTA2A_JOB_SECRET (drawn for the job unless set) and
 #                                 FI_TCP_IFACE=nic<k>; waits for all, kills the rest when one fails
 #                                 or the time limit (default 600 s) passes, exits with the worst
 #                                 status of the ranks that ended by themselves (124: time limit)
@@ -324,6 +325,12 @@ cmd_launch() {
   [[ $port =~ ^[0-9]+$ && $port -ge 1 && $port -le 65535 ]] || die "launch: -p needs a port, got '$port'"
   (($# >= 1)) || die "usage: cluster.sh launch [-t SECONDS] [-p PORT] [--] COMMAND [ARGS...]"
   local S G n s k r ns
+  # The job's secret (fasta2a::tcp_bootstrap: only processes that hold it join the job): drawn
+  # here unless set, and passed in the environment, where other users cannot read it.
+  if [[ -z ${FASTA2A_JOB_SECRET:-} ]]; then
+    FASTA2A_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  fi
+  export FASTA2A_JOB_SECRET
   S=$(state_get servers)
   G=$(state_get gpus)
   n=$((S * G))

@@ -139,5 +139,26 @@ inline bytes_t checked_mul(bytes_t a, bytes_t b, const char* what) {
   return r;
 }
 
+/// Text for a message: printable ASCII as is, anything else (a NUL byte, control characters,
+/// bytes of a binary file, a peer's terminal escapes) as \xNN, so that a message is never cut
+/// short or garbled by what it quotes. A backslash becomes \\, unless `backslash` is false (text
+/// escaped once already, passed on).
+inline std::string printable(std::string_view text, bool backslash = true) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(text.size());
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\' && backslash) s += "\\\\";
+    else if (c >= 0x20 && c < 0x7f) s += ch;
+    else {
+      s += "\\x";
+      s += hex[c >> 4];
+      s += hex[c & 15];
+    }
+  }
+  return s;
+}
+
 } // namespace detail
 } // namespace fasta2a

@@ -3,6 +3,13 @@
 // the environment a launcher sets (torchrun's MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, or the
 // same names prefixed FASTA2A_), from a "host:port" id that rank 0 hands out (as NCCL's unique
 // id), or from explicit options. POSIX sockets only; every wait is bounded by a timeout.
+//
+// Who gets in: every connection proves that it holds the job's secret (FASTA2A_JOB_SECRET, or
+// tcp_bootstrap_options::secret) with a challenge-response over both sides' nonces (HMAC-SHA256,
+// OpenSSL's libcrypto) before the root takes its rank or sends it a byte of the job's data, and
+// the root proves it to every rank the same way. A connection that does not prove it is dropped
+// and logged; only proven members can fail the job. Without a secret the bootstrap runs only on
+// loopback, or where the user opts out (FASTA2A_INSECURE_BOOTSTRAP=1).
 #pragma once
 
 #include <arpa/inet.h>
@@ -10,12 +17,18 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -52,6 +65,19 @@ struct tcp_bootstrap_options {
   /// every rank to arrive, one allgather waiting for a peer. A rank that is not the root waits
   /// for the root's answer up to timeout + grace(), so that it hears why the root gave up.
   std::chrono::milliseconds timeout{60000};
+  /// The job's secret, the same bytes on every rank (at least 16; e.g. `openssl rand -hex 32`).
+  /// Every connection proves it holds it, without sending it. Empty: no proof, which is refused
+  /// unless the bootstrap stays on loopback or `insecure` says so.
+  std::string secret;
+  /// Names the job in the handshake (FASTA2A_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID): ranks
+  /// with another job id cannot join, even with the same secret.
+  std::string job_id;
+  /// Allows a bootstrap without a secret across machines (FASTA2A_INSECURE_BOOTSTRAP=1): anyone
+  /// who reaches the root's port can then take a rank.
+  bool insecure = false;
+  /// Where rank 0 listens when the bootstrap makes its own listener: an address of this machine
+  /// (from_env(): FASTA2A_LISTEN_ADDRESS, else MASTER_ADDR); empty for every interface.
+  std::string listen_address;
 
   /// What a non-root rank waits beyond the timeout for the root's verdict: half the timeout, at
   /// most 5 s.
@@ -59,8 +85,10 @@ struct tcp_bootstrap_options {
 
   /// Options from the environment. Each value is read from FASTA2A_<NAME> if set, else <NAME>:
   /// MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; FASTA2A_BOOTSTRAP_ID ("host:port", replaces
-  /// MASTER_ADDR and MASTER_PORT); FASTA2A_BOOTSTRAP_TIMEOUT (seconds, default 60). Throws
-  /// fasta2a::error naming the variable that is missing or malformed.
+  /// MASTER_ADDR and MASTER_PORT); FASTA2A_BOOTSTRAP_TIMEOUT (seconds, default 60);
+  /// FASTA2A_JOB_SECRET, FASTA2A_JOB_ID (else TORCHELASTIC_RUN_ID), FASTA2A_INSECURE_BOOTSTRAP
+  /// (1 or 0), FASTA2A_LISTEN_ADDRESS (rank 0; default MASTER_ADDR). Throws fasta2a::error
+  /// naming the variable that is missing or malformed.
   static tcp_bootstrap_options from_env();
 };
 
@@ -196,14 +224,83 @@ inline bool tcp_send_all(int fd, std::span<const std::byte> out, tcp_clock::time
   }
 }
 
-inline constexpr std::uint32_t tcp_magic_hello = 0x42324146;   // "FA2B"
-inline constexpr std::uint32_t tcp_magic_welcome = 0x57324146; // "FA2W"
-inline constexpr std::uint32_t tcp_magic_gather = 0x47324146;  // "FA2G"
-inline constexpr std::uint32_t tcp_magic_result = 0x52324146;  // "FA2R"
-inline constexpr std::uint32_t tcp_version = 1;
+inline constexpr std::uint32_t tcp_magic_hello = 0x42324146;     // "FA2B"
+inline constexpr std::uint32_t tcp_magic_challenge = 0x43324146; // "FA2C"
+inline constexpr std::uint32_t tcp_magic_claim = 0x4b324146;     // "FA2K"
+inline constexpr std::uint32_t tcp_magic_welcome = 0x57324146;   // "FA2W"
+inline constexpr std::uint32_t tcp_magic_gather = 0x47324146;    // "FA2G"
+inline constexpr std::uint32_t tcp_magic_result = 0x52324146;    // "FA2R"
+/// 2: the authenticated handshake (hello with a nonce, challenge, claim). 1 had no proof.
+inline constexpr std::uint32_t tcp_version = 2;
+inline constexpr std::size_t tcp_nonce_bytes = 32;
+inline constexpr std::size_t tcp_mac_bytes = 32; // HMAC-SHA256
+inline constexpr std::size_t tcp_min_secret = 16;
+/// hello: magic(4) version(4) nonce(32)
+inline constexpr std::size_t tcp_hello_bytes = 8 + tcp_nonce_bytes;
+/// challenge: magic(4) version(4) nonce(32) mac(32)
+inline constexpr std::size_t tcp_challenge_bytes = 8 + tcp_nonce_bytes + tcp_mac_bytes;
+/// claim: magic(4) rank(4) size(4) name length(2), then the name and the mac(32)
+inline constexpr std::size_t tcp_claim_prefix = 14;
 inline constexpr std::size_t tcp_max_name = 255;
 inline constexpr std::size_t tcp_max_message = 1 << 16;
 inline constexpr std::size_t tcp_gather_header = 24; // magic, status, call, length
+
+using tcp_nonce = std::array<std::byte, tcp_nonce_bytes>;
+using tcp_mac = std::array<std::byte, tcp_mac_bytes>;
+
+/// Fresh random bytes from OpenSSL's generator.
+inline tcp_nonce tcp_random_nonce() {
+  tcp_nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
+    throw error("tcp_bootstrap: OpenSSL's RAND_bytes failed: no random nonce");
+  return n;
+}
+
+/// The handshake's message authentication code: HMAC-SHA256 under the job secret of a label (who
+/// proves: "root" or "rank", so that one side's answer never passes for the other's), the two
+/// nonces (the prover's peer's first), the job id and `fields`. Without a secret the key is a
+/// fixed string: the handshake then checks only that both sides speak it and agree on the job id.
+inline tcp_mac tcp_prove(const std::string& secret, std::string_view label, const tcp_nonce& first, const tcp_nonce& second,
+                         const std::string& job_id, std::span<const std::byte> fields) {
+  std::vector<std::byte> msg;
+  for (char c : label) msg.push_back(static_cast<std::byte>(c));
+  msg.push_back(std::byte{0});
+  msg.insert(msg.end(), first.begin(), first.end());
+  msg.insert(msg.end(), second.begin(), second.end());
+  tcp_put(msg, job_id.size(), 4);
+  for (char c : job_id) msg.push_back(static_cast<std::byte>(c));
+  msg.insert(msg.end(), fields.begin(), fields.end());
+  static constexpr std::string_view no_secret = "fasta2a tcp_bootstrap without a job secret";
+  const std::string_view key = secret.empty() ? no_secret : std::string_view(secret);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+           msg.size(), md, &len) == nullptr ||
+      len != tcp_mac_bytes)
+    throw error("tcp_bootstrap: OpenSSL's HMAC-SHA256 failed");
+  tcp_mac m{};
+  std::memcpy(m.data(), md, m.size());
+  return m;
+}
+
+/// Equal MACs, compared in constant time.
+inline bool tcp_mac_equal(const std::byte* a, const tcp_mac& b) { return CRYPTO_memcmp(a, b.data(), b.size()) == 0; }
+
+/// Whether `host` names this machine's loopback (localhost, 127.0.0.0/8, ::1): only processes of
+/// this machine can reach a socket there. Names other than "localhost" are not looked up.
+inline bool tcp_is_loopback(std::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost" || host == "ip6-localhost" || host == "localhost6") return true;
+  const std::string h(host);
+  in_addr a4{};
+  if (::inet_pton(AF_INET, h.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &a6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) return a6.s6_addr[12] == 127;
+  }
+  return false;
+}
 
 /// A verdict sent by the root: magic, status (0 ok, 1 error), message length, message.
 inline std::vector<std::byte> tcp_verdict(std::uint32_t magic, const std::string& failure) {
@@ -283,15 +380,33 @@ inline tcp_bootstrap_options tcp_bootstrap_options::from_env() {
       throw error("tcp_bootstrap: " + which + "='" + t + "' is not a positive number of seconds");
     o.timeout = std::chrono::milliseconds(static_cast<long long>(s * 1000 + 0.5));
   }
+  if (const char* v = std::getenv("FASTA2A_JOB_SECRET"); v != nullptr && *v != '\0') o.secret = v;
+  if (const char* v = std::getenv("FASTA2A_JOB_ID"); v != nullptr && *v != '\0') o.job_id = v;
+  else if (const char* t = std::getenv("TORCHELASTIC_RUN_ID"); t != nullptr) o.job_id = t;
+  if (const char* v = std::getenv("FASTA2A_INSECURE_BOOTSTRAP"); v != nullptr && *v != '\0') {
+    const std::string_view x(v);
+    if (x != "0" && x != "1")
+      throw error("tcp_bootstrap: FASTA2A_INSECURE_BOOTSTRAP='" + detail::printable(x) + "' is not 0 or 1");
+    o.insecure = x == "1";
+  }
+  if (const char* v = std::getenv("FASTA2A_LISTEN_ADDRESS"); v != nullptr && *v != '\0') o.listen_address = v;
+  else if (!o.id.empty()) o.listen_address = detail::tcp_split_id(o.id, "FASTA2A_BOOTSTRAP_ID").first;
+  else if (o.size > 1) o.listen_address = o.root_address;
+  if (o.listen_address == "*") o.listen_address.clear();
   return o;
 }
 
 /// Rank 0's listening socket, bound before the bootstrap is made so that its port (and id) can be
-/// handed to the other ranks first: port 0 picks a free one. SO_REUSEADDR, every address,
-/// IPv6 and IPv4 where the machine has IPv6, IPv4 only otherwise.
+/// handed to the other ranks first: port 0 picks a free one. SO_REUSEADDR. On every address
+/// (IPv6 and IPv4 where the machine has IPv6, IPv4 only otherwise), or on the one address
+/// `host` names (a numeric address or a name of this machine; "" for every address).
 class tcp_listener {
 public:
-  explicit tcp_listener(std::uint16_t port = 0) {
+  explicit tcp_listener(std::uint16_t port = 0, const std::string& host = {}) {
+    if (!host.empty()) {
+      listen_on(port, host);
+      return;
+    }
     std::string why;
     for (const int family : {AF_INET6, AF_INET}) {
       detail::tcp_fd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -352,27 +467,90 @@ public:
     return host + ":" + std::to_string(port_);
   }
   int fd() const noexcept { return fd_.get(); }
+  /// The address it listens on ("" for every address).
+  const std::string& address() const noexcept { return address_; }
+  /// Whether only this machine's processes can reach it (it listens on a loopback address).
+  bool loopback_only() const noexcept { return loopback_; }
 
 private:
+  void listen_on(std::uint16_t port, const std::string& host) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string service = std::to_string(port);
+    if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
+      throw error("tcp_bootstrap: rank 0 cannot listen on '" + detail::printable(host) + "': " + gai_strerror(rc));
+    std::string why = "no address";
+    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+      detail::tcp_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd) {
+        why = "socket: " + detail::errno_text(errno);
+        continue;
+      }
+      const int one = 1;
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+        const int e = errno;
+        why = "bind: " + detail::errno_text(e) +
+              (e == EADDRNOTAVAIL ? " (it is not an address of this machine: set FASTA2A_LISTEN_ADDRESS to one, or '*' for every address)" : "");
+        continue;
+      }
+      if (::listen(fd.get(), 1024) != 0) {
+        why = "listen: " + detail::errno_text(errno);
+        continue;
+      }
+      sockaddr_storage b{};
+      socklen_t len = sizeof b;
+      if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&b), &len) != 0) {
+        why = "getsockname: " + detail::errno_text(errno);
+        continue;
+      }
+      char name[NI_MAXHOST];
+      if (::getnameinfo(reinterpret_cast<sockaddr*>(&b), len, name, sizeof name, nullptr, 0, NI_NUMERICHOST) != 0)
+        std::strcpy(name, "?");
+      address_ = name;
+      loopback_ = detail::tcp_is_loopback(address_);
+      port_ = ntohs(b.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&b)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&b)->sin_port);
+      detail::tcp_nonblocking(fd.get());
+      fd_ = std::move(fd);
+      ::freeaddrinfo(res);
+      return;
+    }
+    ::freeaddrinfo(res);
+    throw error("tcp_bootstrap: rank 0 cannot listen on " + detail::printable(host) + " port " + std::to_string(port) + ": " + why);
+  }
+
   detail::tcp_fd fd_;
   std::uint16_t port_ = 0;
+  std::string address_;
+  bool loopback_ = false;
 };
 
 /// A Bootstrap over TCP: a star through rank 0. The constructor is collective: rank 0 waits until
-/// every rank has connected and said hello (magic and version word, its rank, its world size,
-/// its host name and pid), then answers every rank with the verdict; the others connect with
-/// retries until the timeout. An allgather sends each rank's blob to rank 0, which checks sizes
+/// every rank has connected and proved itself, then answers every rank with the verdict; the
+/// others connect with retries until the timeout. The handshake of each connection: the rank's
+/// hello (magic, version, a fresh nonce); the root's challenge (its own nonce and its proof, an
+/// HMAC-SHA256 under the job secret over both nonces and the job id), which the rank checks
+/// before it sends anything else; the rank's claim (its rank, world size, host name and pid, and
+/// its proof over both nonces, the job id and those fields). A connection that fails a proof,
+/// sends something else, or takes longer than 10 s (or the timeout) is dropped and logged on
+/// stderr, and the job goes on: it never gets a byte of the job's data. Without a secret the
+/// proofs check only the job id, and a claim that would fail the job (a taken or impossible rank,
+/// another world size) is dropped instead, since anyone can make it. An allgather sends each rank's blob to rank 0, which checks sizes
 /// and call numbers and sends everything back: 2 (n - 1) messages per call, all through rank 0
 /// (its cost grows as O(n) messages and O(n^2 * blob) bytes at the root, fine for the engine's
 /// small blobs and tens to hundreds of ranks).
 ///
 /// Errors, each a fasta2a::error within the timeout (timeout + grace() on ranks other than 0):
 /// ranks that disagree on the world size (every rank that arrived is told both sizes), one rank
-/// claimed by two processes (both hosts named), a root that cannot be reached, ranks that never
+/// claimed by two proven processes (both hosts named), a root that does not prove the secret, a root that cannot be reached, ranks that never
 /// arrive (rank 0 names them; the others are told it gave up), a rank outside [0, size), and in
 /// an allgather a peer that closes its connection, stops sending, or brings a blob of another
-/// size or another call (named by rank and host). A connection that does not open with the
-/// magic word is closed and ignored. After an allgather fails, the bootstrap is unusable: the
+/// size or another call (named by rank and host). Text that came from a peer is escaped
+/// (detail::printable) before it is printed. After an allgather fails, the bootstrap is unusable: the
 /// next call throws at once.
 ///
 /// Non-copyable, movable; one thread at a time.
@@ -382,7 +560,7 @@ public:
   explicit tcp_bootstrap(const tcp_bootstrap_options& opt) : opt_(opt) {
     check_options();
     if (opt_.rank == 0 && opt_.size > 1) {
-      tcp_listener l(opt_.port);
+      tcp_listener l(opt_.port, opt_.listen_address);
       start_root(l);
     } else if (opt_.rank != 0) {
       start_peer();
@@ -449,6 +627,12 @@ private:
       throw error("tcp_bootstrap: rank " + std::to_string(opt_.rank) + " is outside [0, " + std::to_string(opt_.size) +
                   ") (world size " + std::to_string(opt_.size) + ")");
     if (opt_.timeout.count() <= 0) throw error("tcp_bootstrap: the timeout must be positive");
+    if (!opt_.secret.empty() && opt_.secret.size() < detail::tcp_min_secret)
+      throw error("tcp_bootstrap: the job secret (FASTA2A_JOB_SECRET) has " + std::to_string(opt_.secret.size()) +
+                  " bytes; it needs at least " + std::to_string(detail::tcp_min_secret) + " (e.g. `openssl rand -hex 32`)");
+    if (opt_.job_id.size() > detail::tcp_max_name)
+      throw error("tcp_bootstrap: the job id has " + std::to_string(opt_.job_id.size()) + " bytes; at most " +
+                  std::to_string(detail::tcp_max_name));
     if (!opt_.id.empty()) {
       auto [h, p] = detail::tcp_split_id(opt_.id, "id");
       opt_.root_address = std::move(h);
@@ -457,92 +641,217 @@ private:
     if (opt_.rank != 0 && opt_.port == 0)
       throw error(who() + ": the root's port is 0 (set MASTER_PORT, or give rank 0's tcp_listener port or id)");
     if (opt_.rank != 0 && opt_.root_address.empty()) throw error(who() + ": no root address (MASTER_ADDR)");
+    if (opt_.rank != 0 && opt_.size > 1 && !detail::tcp_is_loopback(opt_.root_address)) require_secret("the root at " + detail::printable(opt_.root_address));
   }
+
+  /// Without a secret, a bootstrap that other machines can reach needs the user's explicit opt-out.
+  void require_secret(const std::string& where) const {
+    if (opt_.secret.empty() && !opt_.insecure)
+      throw error(who() + ": no job secret, and " + where +
+                  " is reachable from other machines: set FASTA2A_JOB_SECRET to the same random value on every rank "
+                  "(e.g. `openssl rand -hex 32`; tcp_bootstrap_options::secret), so that only the job's processes can "
+                  "join, or FASTA2A_INSECURE_BOOTSTRAP=1 to let anyone who reaches the port take a rank");
+  }
+
+  /// Whether this bootstrap's members proved the job secret (false: no secret was configured).
+  bool proven() const noexcept { return !opt_.secret.empty(); }
 
   void close_all() {
     for (auto& m : members_) m.fd.reset();
     root_fd_.reset();
   }
 
+  /// The claim's fields that the rank's MAC covers: rank, size, name.
+  static std::vector<std::byte> claim_fields(std::int64_t rank, std::int64_t size, std::string_view name) {
+    std::vector<std::byte> f;
+    detail::tcp_put(f, static_cast<std::uint32_t>(rank), 4);
+    detail::tcp_put(f, static_cast<std::uint32_t>(size), 4);
+    detail::tcp_put(f, name.size(), 2);
+    for (char c : name) f.push_back(static_cast<std::byte>(c));
+    return f;
+  }
+
   // ---- start-up, rank 0 -------------------------------------------------------------------
 
-  /// A hello: magic(4) version(4) rank(4) world size(4) name length(2), then the name.
-  static constexpr std::size_t hello_prefix = 18;
-
+  /// A connection in the handshake: its hello (magic, version, nonce), the challenge sent back,
+  /// then its claim (rank, size, name, MAC). Dropped when it is anything else or takes longer
+  /// than the handshake may (handshake_limit()).
   struct pending {
     detail::tcp_fd fd;
     std::string addr;
-    std::vector<std::byte> in = std::vector<std::byte>(hello_prefix);
+    clock::time_point until;
+    int stage = 0; // 0: magic and version, 1: nonce, 2: claim prefix, 3: name and MAC
+    std::vector<std::byte> in = std::vector<std::byte>(8);
     std::size_t got = 0;
-    bool have_prefix = false;
+    std::vector<std::byte> out; // the challenge, while it is being sent
+    std::size_t sent = 0;
+    detail::tcp_nonce their_nonce{}, my_nonce{};
   };
+
+  /// How long a connection may take to complete its handshake: a rank sends it as soon as it
+  /// connects, so only a stray or an attacker takes long.
+  std::chrono::milliseconds handshake_limit() const { return std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::seconds(10)); }
+
+  /// The most connections in the handshake at once; the oldest is dropped for a new one.
+  static constexpr std::size_t max_pending = 4096;
+
+  /// Notes a dropped connection on stderr: the first few, then one line a few seconds with the count.
+  void log_drop(const std::string& addr, const std::string& why) {
+    ++dropped_;
+    if (dropped_reasons_.size() < 4) dropped_reasons_.push_back(detail::printable(addr) + ": " + why);
+    const auto now = clock::now();
+    if (dropped_ <= 3 || now - last_log_ >= std::chrono::seconds(5)) {
+      last_log_ = now;
+      std::fprintf(stderr, "fasta2a: tcp_bootstrap: rank 0: dropped a connection from %s: %s (%llu dropped so far)\n",
+                   detail::printable(addr).c_str(), why.c_str(), static_cast<unsigned long long>(dropped_));
+    }
+  }
+
+  /// Raises the soft limit of open files towards the hard one where n ranks could exceed it.
+  void raise_file_limit() const {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    const rlim_t want = static_cast<rlim_t>(opt_.size) + 256;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min<rlim_t>(rl.rlim_max, std::max(want, rl.rlim_cur));
+      ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+
+  static std::string file_limit_text() {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return "the limit of open files";
+    const auto v = [](rlim_t x) { return x == RLIM_INFINITY ? std::string("unlimited") : std::to_string(x); };
+    return "the limit of open files (ulimit -n: soft " + v(rl.rlim_cur) + ", hard " + v(rl.rlim_max) + ")";
+  }
 
   void start_root(tcp_listener& l) {
     root_name_ = "port " + std::to_string(l.port());
+    if (!l.loopback_only()) require_secret("rank 0 listens on " + (l.address().empty() ? std::string("every address") : l.address()));
+    raise_file_limit();
     const auto deadline = clock::now() + opt_.timeout;
     const std::size_t n = static_cast<std::size_t>(opt_.size);
     members_.resize(n);
     members_[0].name = detail::tcp_self_name();
     std::vector<pending> waiting;
-    std::vector<member> refused;      // connections that get the failure (duplicates, wrong size)
-    std::vector<member> wrong_version; // told why, then closed
-    std::string failure;
-    std::size_t arrived = 0, strays = 0;
+    std::vector<member> refused; // proven members whose claim fails the job: told why
+    std::string failure, fd_trouble;
+    std::size_t arrived = 0;
+    clock::time_point accept_again{};
+    const auto drop = [&](std::size_t i, const std::string& why) {
+      log_drop(waiting[i].addr, why);
+      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    };
     while (arrived + refused.size() < n - 1 && clock::now() < deadline) {
-      std::vector<pollfd> fds{{l.fd(), POLLIN, 0}};
-      for (auto& p : waiting) fds.push_back({p.fd.get(), POLLIN, 0});
-      ::poll(fds.data(), fds.size(), detail::tcp_poll_ms(deadline));
-      if (fds[0].revents & POLLIN)
+      const auto now = clock::now();
+      const bool accepting = now >= accept_again;
+      std::vector<pollfd> fds{{accepting ? l.fd() : -1, POLLIN, 0}};
+      for (auto& p : waiting) fds.push_back({p.fd.get(), static_cast<short>(POLLIN | (p.sent < p.out.size() ? POLLOUT : 0)), 0});
+      ::poll(fds.data(), fds.size(), accepting ? detail::tcp_poll_ms(deadline) : 50);
+      if (accepting && (fds[0].revents & POLLIN))
         for (;;) {
           const int c = ::accept4(l.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-          if (c < 0) break;
+          if (c < 0) {
+            if (errno == EMFILE || errno == ENFILE) { // stop accepting a while: no spinning
+              accept_again = clock::now() + std::chrono::milliseconds(100);
+              if (fd_trouble.empty())
+                std::fprintf(stderr, "fasta2a: tcp_bootstrap: rank 0: cannot accept a connection: %s: %s\n",
+                             detail::errno_text(errno).c_str(), file_limit_text().c_str());
+              fd_trouble = detail::errno_text(errno) + " (" + file_limit_text() + "; " +
+                           std::to_string(arrived + waiting.size()) + " connections open)";
+            }
+            break;
+          }
           pending p;
           p.fd = detail::tcp_fd(c);
           detail::tcp_nonblocking(c);
           p.addr = detail::tcp_peer_address(c);
+          p.until = clock::now() + handshake_limit();
+          if (waiting.size() >= max_pending) drop(0, "too many connections in the handshake at once");
           waiting.push_back(std::move(p));
         }
       for (std::size_t i = 0; i < waiting.size();) {
         pending& p = waiting[i];
         int err = 0;
+        if (p.sent < p.out.size() && detail::tcp_send_some(p.fd.get(), p.out, p.sent, err) == detail::tcp_io::closed) {
+          drop(i, "it closed the connection in the handshake");
+          continue;
+        }
         const detail::tcp_io r = detail::tcp_recv_some(p.fd.get(), p.in, p.got, err);
-        bool drop = r == detail::tcp_io::closed;
-        if (!drop && p.got >= 4 && detail::tcp_get(p.in.data(), 4) != detail::tcp_magic_hello) drop = true; // a stray
-        if (drop) {
-          ++strays;
-          waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+        if (r == detail::tcp_io::closed) {
+          drop(i, "it closed the connection in the handshake");
           continue;
         }
         if (p.got < p.in.size()) {
+          if (clock::now() >= p.until) {
+            drop(i, "it did not complete the handshake within " + detail::tcp_seconds(handshake_limit()));
+            continue;
+          }
           ++i;
           continue;
         }
-        if (!p.have_prefix) { // the name follows the fixed part
-          p.have_prefix = true;
-          const std::size_t name = detail::tcp_get(p.in.data() + 16, 2);
-          if (name > detail::tcp_max_name) {
-            ++strays;
-            waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+        if (p.stage == 0) {
+          if (detail::tcp_get(p.in.data(), 4) != detail::tcp_magic_hello) {
+            drop(i, "it does not speak tcp_bootstrap");
             continue;
           }
-          p.in.resize(hello_prefix + name);
-          if (name > 0) continue; // read the name next round (same index)
+          const auto version = static_cast<std::uint32_t>(detail::tcp_get(p.in.data() + 4, 4));
+          if (version != detail::tcp_version) { // told why (no data of the job), then dropped
+            detail::tcp_send_all(p.fd.get(),
+                                 detail::tcp_verdict(detail::tcp_magic_welcome,
+                                                     "this process speaks tcp_bootstrap version " + std::to_string(version) +
+                                                         ", the root (" + members_[0].name + ") version " + std::to_string(detail::tcp_version)),
+                                 clock::now() + std::chrono::milliseconds(200));
+            drop(i, "it speaks tcp_bootstrap version " + std::to_string(version) + ", this root " + std::to_string(detail::tcp_version));
+            continue;
+          }
+          p.stage = 1;
+          p.in.resize(detail::tcp_hello_bytes);
+          continue; // read the nonce (same index)
         }
-        // A whole hello.
-        const auto version = static_cast<std::uint32_t>(detail::tcp_get(p.in.data() + 4, 4));
-        const auto r_rank = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 8, 4));
-        const auto size_field = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 12, 4));
-        member m{std::move(p.fd), std::string(reinterpret_cast<const char*>(p.in.data()) + hello_prefix, p.in.size() - hello_prefix) +
-                                      " at " + p.addr};
-        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
-        if (version != detail::tcp_version) {
-          const std::string why = "rank " + std::to_string(r_rank) + " (" + m.name + ") speaks tcp_bootstrap version " +
-                                  std::to_string(version) + ", the root (" + members_[0].name + ") version " +
-                                  std::to_string(detail::tcp_version);
-          detail::tcp_send_all(m.fd.get(), detail::tcp_verdict(detail::tcp_magic_welcome, why), clock::now() + std::chrono::milliseconds(200));
-          wrong_version.push_back(std::move(m));
+        if (p.stage == 1) {
+          std::memcpy(p.their_nonce.data(), p.in.data() + 8, p.their_nonce.size());
+          p.my_nonce = detail::tcp_random_nonce();
+          const detail::tcp_mac m = detail::tcp_prove(opt_.secret, "root", p.their_nonce, p.my_nonce, opt_.job_id, {});
+          p.out.clear();
+          detail::tcp_put(p.out, detail::tcp_magic_challenge, 4);
+          detail::tcp_put(p.out, detail::tcp_version, 4);
+          p.out.insert(p.out.end(), p.my_nonce.begin(), p.my_nonce.end());
+          p.out.insert(p.out.end(), m.begin(), m.end());
+          p.sent = 0;
+          p.stage = 2;
+          p.in.assign(detail::tcp_claim_prefix, std::byte{0});
+          p.got = 0;
+          continue; // send it and read the claim
+        }
+        if (p.stage == 2) {
+          const std::size_t name = detail::tcp_get(p.in.data() + 12, 2);
+          if (detail::tcp_get(p.in.data(), 4) != detail::tcp_magic_claim || name > detail::tcp_max_name) {
+            drop(i, "its claim is malformed");
+            continue;
+          }
+          p.stage = 3;
+          p.in.resize(detail::tcp_claim_prefix + name + detail::tcp_mac_bytes);
           continue;
         }
+        // A whole claim: proven, or dropped.
+        const auto r_rank = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 4, 4));
+        const auto size_field = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 8, 4));
+        const std::size_t name_len = p.in.size() - detail::tcp_claim_prefix - detail::tcp_mac_bytes;
+        const std::string_view raw_name(reinterpret_cast<const char*>(p.in.data()) + detail::tcp_claim_prefix, name_len);
+        const detail::tcp_mac expect = detail::tcp_prove(opt_.secret, "rank", p.my_nonce, p.their_nonce, opt_.job_id,
+                                                         claim_fields(r_rank, size_field, raw_name));
+        if (!detail::tcp_mac_equal(p.in.data() + detail::tcp_claim_prefix + name_len, expect)) {
+          drop(i, std::string(proven() ? "it did not prove the job secret" : "its claim does not check") +
+                      (opt_.job_id.empty() ? "" : " and job id") + " (another job, or not a member of this one)");
+          continue;
+        }
+        if (p.sent < p.out.size()) { // a member never sends its claim before the whole challenge
+          drop(i, "it claimed before the challenge was sent");
+          continue;
+        }
+        member m{std::move(p.fd), detail::printable(raw_name) + " at " + p.addr};
+        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
         std::string why;
         if (size_field != opt_.size)
           why = "the ranks disagree on the world size: rank " + std::to_string(r_rank) + " (" + m.name + ") says " +
@@ -554,6 +863,14 @@ private:
           why = "rank " + std::to_string(r_rank) + " was claimed twice: by " + members_[static_cast<std::size_t>(r_rank)].name +
                 " and by " + m.name;
         if (!why.empty()) {
+          if (!proven()) { // anyone can make such a claim without a secret: it cannot fail the job
+            detail::tcp_send_all(m.fd.get(),
+                                 detail::tcp_verdict(detail::tcp_magic_welcome, "it dropped this process's claim: " + why +
+                                                                                    " (without a job secret such a claim cannot fail the job)"),
+                                 clock::now() + std::chrono::milliseconds(200));
+            log_drop(m.name, why);
+            continue;
+          }
           if (failure.empty()) failure = why;
           refused.push_back(std::move(m));
           continue;
@@ -572,10 +889,14 @@ private:
         }
       if (count > 16) missing += ", ... (" + std::to_string(count) + " in all)";
       failure = (count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(n) + " did not arrive within " +
-                detail::tcp_seconds(opt_.timeout) + " (the root listens on port " + std::to_string(l.port()) + ")" +
-                (strays > 0 ? "; " + std::to_string(strays) + " stray connection(s) ignored" : "");
+                detail::tcp_seconds(opt_.timeout) + " (the root listens on port " + std::to_string(l.port()) + ")";
+      if (!fd_trouble.empty()) failure += "; the root could not accept every connection: " + fd_trouble;
+      if (dropped_ > 0) {
+        failure += "; " + std::to_string(dropped_) + " connection(s) dropped, e.g. ";
+        for (std::size_t k = 0; k < dropped_reasons_.size(); ++k) failure += (k ? "; " : "") + dropped_reasons_[k];
+      }
     }
-    // The verdict, to everyone that arrived: they wait up to timeout + grace for it.
+    // The verdict, to every proven member: they wait up to timeout + grace for it.
     const auto send_by = clock::now() + std::min<std::chrono::milliseconds>(opt_.grace(), std::chrono::seconds(2));
     const auto verdict = detail::tcp_verdict(detail::tcp_magic_welcome, failure);
     for (auto& m : members_)
@@ -590,7 +911,7 @@ private:
   // ---- start-up, other ranks --------------------------------------------------------------
 
   void start_peer() {
-    root_name_ = opt_.root_address + ":" + std::to_string(opt_.port);
+    root_name_ = detail::printable(opt_.root_address) + ":" + std::to_string(opt_.port);
     const auto start = clock::now();
     const auto deadline = start + opt_.timeout;
     std::string last = "no attempt";
@@ -605,18 +926,52 @@ private:
         pause = std::min(pause * 2, std::chrono::milliseconds(500));
       }
     }
-    // The hello, then the verdict. The root gave itself at most `timeout` from before this
-    // connection was accepted, so waiting timeout + grace from now hears its verdict.
+    // The hello, the root's proof, the claim, then the verdict. The root gave itself at most
+    // `timeout` from before this connection was accepted, so waiting timeout + grace from now
+    // hears its verdict.
+    const auto wait_until = clock::now() + opt_.timeout + opt_.grace();
+    const detail::tcp_nonce mine = detail::tcp_random_nonce();
     std::vector<std::byte> hello;
     detail::tcp_put(hello, detail::tcp_magic_hello, 4);
     detail::tcp_put(hello, detail::tcp_version, 4);
-    detail::tcp_put(hello, static_cast<std::uint32_t>(opt_.rank), 4);
-    detail::tcp_put(hello, static_cast<std::uint32_t>(opt_.size), 4);
-    const std::string me = detail::tcp_self_name().substr(0, detail::tcp_max_name);
-    detail::tcp_put(hello, me.size(), 2);
-    for (char c : me) hello.push_back(static_cast<std::byte>(c));
-    const auto wait_until = clock::now() + opt_.timeout + opt_.grace();
+    hello.insert(hello.end(), mine.begin(), mine.end());
     if (!detail::tcp_send_all(root_fd_.get(), hello, wait_until))
+      throw error(who() + ": the root at " + root_name_ + " closed the connection before the start");
+    std::vector<std::byte> ch(detail::tcp_challenge_bytes);
+    std::size_t got = 0;
+    recv_from_root(std::span(ch).first(4), got, wait_until, "the hello");
+    if (detail::tcp_get(ch.data(), 4) == detail::tcp_magic_welcome) { // refused before any proof
+      got = 4;
+      std::vector<std::byte> rest(8);
+      std::size_t g = 0;
+      recv_from_root(rest, g, wait_until, "the hello");
+      const auto len = detail::tcp_get(rest.data() + 4, 4);
+      std::vector<std::byte> msg(std::min<std::uint64_t>(len, detail::tcp_max_message));
+      g = 0;
+      recv_from_root(msg, g, wait_until, "the hello");
+      throw error(who() + ": the process listening at " + root_name_ + " refused this rank: " +
+                  detail::printable(std::string_view(reinterpret_cast<const char*>(msg.data()), msg.size())));
+    }
+    recv_from_root(ch, got, wait_until, "the hello");
+    const std::string not_root = who() + ": the process listening at " + root_name_ + " is not this job's root: ";
+    if (detail::tcp_get(ch.data(), 4) != detail::tcp_magic_challenge || detail::tcp_get(ch.data() + 4, 4) != detail::tcp_version)
+      throw error(not_root + "it does not answer as a tcp_bootstrap root of version " + std::to_string(detail::tcp_version) + " would");
+    detail::tcp_nonce theirs{};
+    std::memcpy(theirs.data(), ch.data() + 8, theirs.size());
+    const detail::tcp_mac expect = detail::tcp_prove(opt_.secret, "root", mine, theirs, opt_.job_id, {});
+    if (!detail::tcp_mac_equal(ch.data() + 8 + detail::tcp_nonce_bytes, expect))
+      throw error(not_root + "it did not prove " +
+                  (proven() ? std::string("the job secret (FASTA2A_JOB_SECRET)") : std::string("that it runs without a secret")) +
+                  (opt_.job_id.empty() ? std::string() : " and job id '" + detail::printable(opt_.job_id) + "'") +
+                  " (another job on the same port, or an impostor); nothing of this job was sent to it");
+    const std::string me = detail::tcp_self_name().substr(0, detail::tcp_max_name);
+    std::vector<std::byte> claim;
+    detail::tcp_put(claim, detail::tcp_magic_claim, 4);
+    const std::vector<std::byte> fields = claim_fields(opt_.rank, opt_.size, me);
+    claim.insert(claim.end(), fields.begin(), fields.end());
+    const detail::tcp_mac m = detail::tcp_prove(opt_.secret, "rank", theirs, mine, opt_.job_id, fields);
+    claim.insert(claim.end(), m.begin(), m.end());
+    if (!detail::tcp_send_all(root_fd_.get(), claim, wait_until))
       throw error(who() + ": the root at " + root_name_ + " closed the connection before the start");
     read_verdict(wait_until, "the start");
   }
@@ -681,7 +1036,8 @@ private:
     got = 0;
     recv_from_root(msg, got, until, what);
     if (status != ok)
-      throw error(who() + ": the root at " + root_name_ + " gave up: " + std::string(reinterpret_cast<const char*>(msg.data()), msg.size()));
+      throw error(who() + ": the root at " + root_name_ + " gave up: " +
+                  detail::printable(std::string_view(reinterpret_cast<const char*>(msg.data()), msg.size()), false));
   }
 
   void recv_from_root(std::span<std::byte> buf, std::size_t& got, clock::time_point until, const std::string& what) {
@@ -875,7 +1231,8 @@ private:
         io = detail::tcp_recv_some(root_fd_.get(), failed ? std::span<std::byte>(text) : all, got_body, err);
         if (io == detail::tcp_io::progress) {
           if (failed)
-            throw error(who() + ": " + std::string(reinterpret_cast<const char*>(text.data()), text.size()) + " (reported by the root at " + root_name_ + ")");
+            throw error(who() + ": " + detail::printable(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), false) +
+                        " (reported by the root at " + root_name_ + ")");
           if (sending) throw error(who() + ": " + what + ": the root answered before it had this rank's blob");
           return;
         }
@@ -898,6 +1255,10 @@ private:
   std::string root_name_;
   std::uint64_t calls_ = 0;
   std::string broken_;
+  // rank 0's start-up: connections dropped, the first reasons, when it last logged one
+  std::uint64_t dropped_ = 0;
+  std::vector<std::string> dropped_reasons_;
+  clock::time_point last_log_{};
 };
 
 static_assert(Bootstrap<tcp_bootstrap>);

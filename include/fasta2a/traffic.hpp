@@ -97,26 +97,6 @@ inline bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/// Text for a message: printable ASCII as is, anything else (a NUL byte, control characters,
-/// bytes of a binary file) as \xNN, so that a message is never cut short or garbled by what it
-/// quotes.
-inline std::string printable(std::string_view text) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(text.size());
-  for (char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f && c != '\\') s += ch;
-    else if (c == '\\') s += "\\\\";
-    else {
-      s += "\\x";
-      s += hex[c >> 4];
-      s += hex[c & 15];
-    }
-  }
-  return s;
-}
-
 /// The token as it should appear in a message: long garbage (a binary file) is cut short, and
 /// non-printable bytes are escaped (printable).
 inline std::string quote_token(std::string_view token) {

@@ -64,16 +64,22 @@ class DeviceGroup:
         store, ranks, self.rank, self.size = _group_store(group, "DeviceGroup")
         servers, gpus = topology_of(ranks, dist.get_world_size())
         timeout = timeout or _default_timeout()
-        key = "fasta2a/bootstrap"
+        # The bootstrap's secret, drawn by rank 0 and published before its address (every
+        # connection of the bootstrap proves it holds it: only the job's ranks get in).
+        key, secret_key = "fasta2a/bootstrap", "fasta2a/secret"
         listener, root_id = None, ""
         if self.rank == 0:
-            listener = self.runtime.Listener()
-            store.set(key, listener.id(_root_host()))
+            host = _root_host()
+            listener = self.runtime.Listener(host)
+            secret = os.urandom(32).hex()
+            store.set(secret_key, secret)
+            store.set(key, listener.id(host))
         else:
             store.wait([key], timeout)
             root_id = store.get(key).decode()
+            secret = store.get(secret_key).decode()
         self._engine = self.runtime.Engine(
-            listener, root_id, self.rank, self.size, servers, gpus, timeout.total_seconds(),
+            listener, root_id, secret, self.rank, self.size, servers, gpus, timeout.total_seconds(),
             decomposer or os.environ.get("FASTA2A_DECOMPOSER", "birkhoff"), _providers()[1],
             plans_kept or _env_int("FASTA2A_PLANS_KEPT", 1))
 

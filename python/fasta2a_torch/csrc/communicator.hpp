@@ -104,7 +104,30 @@ private:
 struct rendezvous {
   fa::tcp_listener* listener = nullptr; ///< rank 0
   std::string root_id;                  ///< the others: "host:port"
+  /// The group's secret, which every connection of the bootstrap proves it holds: rank 0 draws
+  /// it and publishes it in the job's store beside the address (new_secret()).
+  std::string secret;
 };
+
+/// A fresh random secret for a group's bootstrap (64 hex digits, from OpenSSL's generator).
+inline std::string new_secret() {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  for (const std::byte b : fa::detail::tcp_random_nonce()) {
+    s += hex[std::to_integer<unsigned>(b) >> 4];
+    s += hex[std::to_integer<unsigned>(b) & 15];
+  }
+  return s;
+}
+
+/// Where rank 0 of a group listens: on `host` where it is a numeric address (the address of
+/// this host towards the job's store, as the Python side finds it), else on every address.
+inline fa::tcp_listener group_listener(const std::string& host) {
+  in6_addr a6{};
+  in_addr a4{};
+  const bool numeric = ::inet_pton(AF_INET, host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  return fa::tcp_listener(0, numeric ? host : std::string());
+}
 
 /// How a communicator makes a scale-up transport that is not libfabric: specialised where such a
 /// transport is used (device_module.cpp: the GPU IPC transport), with
@@ -140,6 +163,7 @@ public:
     bo.rank = c.rank;
     bo.size = c.size;
     bo.timeout = bootstrap_timeout(c.timeout);
+    bo.secret = rv.secret;
     if (c.rank == 0) {
       if (rv.listener == nullptr) throw fa::error("fasta2a_torch: rank 0 needs a listener");
       boot_.emplace(*rv.listener, bo);

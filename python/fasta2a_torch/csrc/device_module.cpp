@@ -67,13 +67,14 @@ std::vector<std::uint64_t> packed(const std::vector<std::uint64_t>& counts, std:
 /// One group's device engine, stream-ordered.
 class device_engine {
 public:
-  device_engine(fa::tcp_listener* listener, const std::string& root_id, int rank, int size, int servers, int gpus,
-                double timeout_s, const std::string& decomposer, const std::string& out, std::size_t plans_kept) {
+  device_engine(fa::tcp_listener* listener, const std::string& root_id, const std::string& secret, int rank, int size,
+                int servers, int gpus, double timeout_s, const std::string& decomposer, const std::string& out,
+                std::size_t plans_kept) {
     std::string why;
     if (fa::gpu::device_count(&why) < 1) throw fa::error("fasta2a: no device: " + why);
     // Device memory is scarce: the engine's staging budget (25% of the call's largest buffer).
     const comm_config c = config_of(rank, size, servers, gpus, timeout_s, decomposer, "", out, plans_kept, 0.25);
-    comm_ = std::make_unique<device_communicator>(c, rendezvous{.listener = listener, .root_id = root_id});
+    comm_ = std::make_unique<device_communicator>(c, rendezvous{.listener = listener, .root_id = root_id, .secret = secret});
   }
 
   /// Queues an all-to-all of byte counts on `stream`: returns once the counts are exchanged and the
@@ -117,12 +118,13 @@ PYBIND11_MODULE(FASTA2A_DEVICE_MODULE, m) {
     return py::make_tuple(n, why);
   });
   py::class_<fa::tcp_listener>(m, "Listener")
-      .def(py::init<>())
+      .def(py::init([](const std::string& host) { return std::make_unique<fa::tcp_listener>(group_listener(host)); }),
+           py::arg("host") = "")
       .def("id", &fa::tcp_listener::id, py::arg("host") = "");
   py::class_<device_engine>(m, "Engine")
-      .def(py::init<fa::tcp_listener*, const std::string&, int, int, int, int, double, const std::string&,
-                    const std::string&, std::size_t>(),
-           py::arg("listener").none(true), py::arg("root_id"), py::arg("rank"), py::arg("size"), py::arg("servers"),
+      .def(py::init<fa::tcp_listener*, const std::string&, const std::string&, int, int, int, int, double,
+                    const std::string&, const std::string&, std::size_t>(),
+           py::arg("listener").none(true), py::arg("root_id"), py::arg("secret"), py::arg("rank"), py::arg("size"), py::arg("servers"),
            py::arg("gpus_per_server"), py::arg("timeout_s"), py::arg("decomposer"), py::arg("scaleout_provider"),
            py::arg("plans_kept"), py::call_guard<py::gil_scoped_release>())
       .def("all_to_all", &device_engine::all_to_all, py::arg("out_ptr"), py::arg("out_bytes"), py::arg("in_ptr"),

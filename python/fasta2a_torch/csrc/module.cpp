@@ -155,16 +155,19 @@ std::function<void()> alltoall_op(communicator* c, a2a_args a) {
 
 std::shared_ptr<communicator> make_communicator(const c10::intrusive_ptr<c10d::Store>& store, const comm_config& cfg,
                                                 const std::string& root_host) {
-  const std::string key = "fasta2a/bootstrap";
+  // The secret is published before the address: a rank that reads the address finds it.
+  const std::string key = "fasta2a/bootstrap", secret_key = "fasta2a/secret";
   if (cfg.rank == 0) {
-    fa::tcp_listener listener(0);
-    const std::string id = listener.id(root_host);
+    fa::tcp_listener listener = group_listener(root_host);
+    const std::string id = listener.id(root_host), secret = new_secret();
+    store->set(secret_key, std::vector<uint8_t>(secret.begin(), secret.end()));
     store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
-    return std::make_shared<communicator>(cfg, rendezvous{.listener = &listener});
+    return std::make_shared<communicator>(cfg, rendezvous{.listener = &listener, .secret = secret});
   }
   store->wait({key}, cfg.timeout);
-  const std::vector<uint8_t> v = store->get(key);
-  return std::make_shared<communicator>(cfg, rendezvous{.root_id = std::string(v.begin(), v.end())});
+  const std::vector<uint8_t> v = store->get(key), s = store->get(secret_key);
+  return std::make_shared<communicator>(
+      cfg, rendezvous{.root_id = std::string(v.begin(), v.end()), .secret = std::string(s.begin(), s.end())});
 }
 
 /// The c10d backend "fasta2a": all_to_all_single, all-gathers and barrier on fasta2a's engine and
