@@ -800,7 +800,7 @@ private:
             detail::tcp_send_all(p.fd.get(),
                                  detail::tcp_verdict(detail::tcp_magic_welcome,
                                                      "this process speaks tcp_bootstrap version " + std::to_string(version) +
-                                                         ", the root (" + members_[0].name + ") version " + std::to_string(detail::tcp_version)),
+                                                         ", the root version " + std::to_string(detail::tcp_version)),
                                  clock::now() + std::chrono::milliseconds(200));
             drop(i, "it speaks tcp_bootstrap version " + std::to_string(version) + ", this root " + std::to_string(detail::tcp_version));
             continue;
