@@ -3,7 +3,7 @@
 # suite, fuzzes, then runs the sanitizer jobs, and fails on any failing test, fuzzer finding or
 # sanitizer report. Each part prints its time (README, "Sanitizers and chaos tests", has a run's).
 #   plain   Release build of everything (build/, the system's g++), ctest -j2: what users build
-#   fuzz    the three libFuzzer targets for a minute, at the same time (tests/fuzz/, clang, build-fuzz/)
+#   fuzz    the four libFuzzer targets for a minute, at the same time (tests/fuzz/, clang, build-fuzz/)
 #   asan    the whole suite under ASan+UBSan (tests/sanitize.sh asan, clang, build-asan/): every test
 #           but the two that limit the address space (ulimit -v) and the chaos tests, which the plain
 #           build runs, MPI worlds up to 4 ranks, and of the worlds that run the same code one
@@ -23,7 +23,7 @@ cmake --build build -j2
 lap "plain build"
 ctest --test-dir build -j2 --output-on-failure
 lap "plain tests"
-bash tests/fuzz/run.sh 60   # the three libFuzzer targets for a minute, at once (tests/fuzz/, clang)
+bash tests/fuzz/run.sh 60   # the four libFuzzer targets for a minute, at once (tests/fuzz/, clang)
 lap "fuzz (build and 60 s)"
 if [[ ${FASTA2A_SANITIZERS:-1} != 0 ]]; then
   bash tests/sanitize.sh asan  # the whole suite under ASan+UBSan (build-asan/), fails on any report

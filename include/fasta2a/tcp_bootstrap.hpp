@@ -313,6 +313,131 @@ inline std::vector<std::byte> tcp_verdict(std::uint32_t magic, const std::string
   return v;
 }
 
+/// The root's side of one connection's handshake, without its socket (so that it can be fuzzed:
+/// tests/fuzz/fuzz_bootstrap_handshake.cpp): the bytes wanted next, the challenge to send, and the
+/// outcome. A connection reads: hello (magic, version, nonce); then the root sends its challenge
+/// (its nonce and its proof); then the claim (magic, rank, size, name length, name, proof). A
+/// claim is `claimed` only when its proof checks under the secret and the job id.
+class tcp_root_handshake {
+public:
+  enum class state { reading, claimed, dropped };
+
+  /// `root_nonce` replaces the fresh random nonce (the fuzz target's determinism; never in a job).
+  tcp_root_handshake(const std::string& secret, const std::string& job_id, const tcp_nonce* root_nonce = nullptr)
+      : secret_(&secret), job_id_(&job_id) {
+    if (root_nonce != nullptr) {
+      my_nonce_ = *root_nonce;
+      fixed_nonce_ = true;
+    }
+  }
+
+  /// Where the next bytes received go (empty once the claim is complete or the connection dropped).
+  std::span<std::byte> want() noexcept {
+    return state_ == state::reading ? std::span<std::byte>(in_).subspan(got_) : std::span<std::byte>();
+  }
+  /// Notes `k` bytes received into want(), and acts on every complete part.
+  state received(std::size_t k) {
+    got_ += k;
+    while (state_ == state::reading && got_ == in_.size()) step();
+    return state_;
+  }
+  state status() const noexcept { return state_; }
+  /// What to send: the challenge once the hello is in, or the version refusal (then dropped).
+  const std::vector<std::byte>& out() const noexcept { return out_; }
+  std::size_t& sent() noexcept { return sent_; }
+  /// Why it was dropped.
+  const std::string& why() const noexcept { return why_; }
+  /// The claim (once claimed): rank, world size, name as the peer sent it (unescaped).
+  std::int32_t rank() const noexcept { return rank_; }
+  std::int32_t size() const noexcept { return size_; }
+  const std::string& name() const noexcept { return name_; }
+
+  /// The claim's fields that the rank's proof covers: rank, size, name.
+  static std::vector<std::byte> claim_fields(std::int64_t rank, std::int64_t size, std::string_view name) {
+    std::vector<std::byte> f;
+    tcp_put(f, static_cast<std::uint32_t>(rank), 4);
+    tcp_put(f, static_cast<std::uint32_t>(size), 4);
+    tcp_put(f, name.size(), 2);
+    for (char c : name) f.push_back(static_cast<std::byte>(c));
+    return f;
+  }
+
+private:
+  void drop(std::string why) {
+    state_ = state::dropped;
+    why_ = std::move(why);
+  }
+
+  void step() {
+    switch (stage_) {
+    case 0: { // magic and version
+      if (tcp_get(in_.data(), 4) != tcp_magic_hello) return drop("it does not speak tcp_bootstrap");
+      const auto version = static_cast<std::uint32_t>(tcp_get(in_.data() + 4, 4));
+      if (version != tcp_version) { // told why (nothing of the job), then dropped
+        out_ = tcp_verdict(tcp_magic_welcome, "this process speaks tcp_bootstrap version " + std::to_string(version) +
+                                                  ", the root version " + std::to_string(tcp_version));
+        return drop("it speaks tcp_bootstrap version " + std::to_string(version) + ", this root " + std::to_string(tcp_version));
+      }
+      stage_ = 1;
+      in_.resize(tcp_hello_bytes);
+      return;
+    }
+    case 1: { // the nonce: the challenge goes out
+      std::memcpy(their_nonce_.data(), in_.data() + 8, their_nonce_.size());
+      if (!fixed_nonce_) my_nonce_ = tcp_random_nonce();
+      const tcp_mac m = tcp_prove(*secret_, "root", their_nonce_, my_nonce_, *job_id_, {});
+      out_.clear();
+      tcp_put(out_, tcp_magic_challenge, 4);
+      tcp_put(out_, tcp_version, 4);
+      out_.insert(out_.end(), my_nonce_.begin(), my_nonce_.end());
+      out_.insert(out_.end(), m.begin(), m.end());
+      sent_ = 0;
+      stage_ = 2;
+      in_.assign(tcp_claim_prefix, std::byte{0});
+      got_ = 0;
+      return;
+    }
+    case 2: { // the claim's fixed part
+      const std::size_t name = tcp_get(in_.data() + 12, 2);
+      if (tcp_get(in_.data(), 4) != tcp_magic_claim || name > tcp_max_name) return drop("its claim is malformed");
+      if (sent_ < out_.size()) return drop("it claimed before the challenge was sent"); // a member waits for it
+      stage_ = 3;
+      in_.resize(tcp_claim_prefix + name + tcp_mac_bytes);
+      return;
+    }
+    default: { // a whole claim: proven, or dropped
+      const auto r = static_cast<std::int32_t>(tcp_get(in_.data() + 4, 4));
+      const auto n = static_cast<std::int32_t>(tcp_get(in_.data() + 8, 4));
+      const std::size_t name_len = in_.size() - tcp_claim_prefix - tcp_mac_bytes;
+      const std::string_view raw(reinterpret_cast<const char*>(in_.data()) + tcp_claim_prefix, name_len);
+      const tcp_mac expect = tcp_prove(*secret_, "rank", my_nonce_, their_nonce_, *job_id_, claim_fields(r, n, raw));
+      if (!tcp_mac_equal(in_.data() + tcp_claim_prefix + name_len, expect))
+        return drop(std::string(secret_->empty() ? "its claim does not check" : "it did not prove the job secret") +
+                    (job_id_->empty() ? "" : " and job id") + " (another job, or not a member of this one)");
+      rank_ = r;
+      size_ = n;
+      name_.assign(raw);
+      state_ = state::claimed;
+      return;
+    }
+    }
+  }
+
+  const std::string* secret_;
+  const std::string* job_id_;
+  state state_ = state::reading;
+  int stage_ = 0; // 0: magic and version, 1: nonce, 2: claim prefix, 3: name and proof
+  std::vector<std::byte> in_ = std::vector<std::byte>(8);
+  std::size_t got_ = 0;
+  std::vector<std::byte> out_;
+  std::size_t sent_ = 0;
+  tcp_nonce their_nonce_{}, my_nonce_{};
+  bool fixed_nonce_ = false;
+  std::int32_t rank_ = -1, size_ = 0;
+  std::string name_;
+  std::string why_;
+};
+
 /// "a:b" -> (a, b), or an error naming `what`.
 inline std::pair<std::string, std::uint16_t> tcp_split_id(std::string_view id, const std::string& what) {
   const auto colon = id.rfind(':');
@@ -661,31 +786,15 @@ private:
     root_fd_.reset();
   }
 
-  /// The claim's fields that the rank's MAC covers: rank, size, name.
-  static std::vector<std::byte> claim_fields(std::int64_t rank, std::int64_t size, std::string_view name) {
-    std::vector<std::byte> f;
-    detail::tcp_put(f, static_cast<std::uint32_t>(rank), 4);
-    detail::tcp_put(f, static_cast<std::uint32_t>(size), 4);
-    detail::tcp_put(f, name.size(), 2);
-    for (char c : name) f.push_back(static_cast<std::byte>(c));
-    return f;
-  }
-
   // ---- start-up, rank 0 -------------------------------------------------------------------
 
-  /// A connection in the handshake: its hello (magic, version, nonce), the challenge sent back,
-  /// then its claim (rank, size, name, MAC). Dropped when it is anything else or takes longer
+  /// A connection in the handshake (detail::tcp_root_handshake), dropped when it takes longer
   /// than the handshake may (handshake_limit()).
   struct pending {
     detail::tcp_fd fd;
     std::string addr;
     clock::time_point until;
-    int stage = 0; // 0: magic and version, 1: nonce, 2: claim prefix, 3: name and MAC
-    std::vector<std::byte> in = std::vector<std::byte>(8);
-    std::size_t got = 0;
-    std::vector<std::byte> out; // the challenge, while it is being sent
-    std::size_t sent = 0;
-    detail::tcp_nonce their_nonce{}, my_nonce{};
+    detail::tcp_root_handshake hs;
   };
 
   /// How long a connection may take to complete its handshake: a rank sends it as soon as it
@@ -746,7 +855,7 @@ private:
       const auto now = clock::now();
       const bool accepting = now >= accept_again;
       std::vector<pollfd> fds{{accepting ? l.fd() : -1, POLLIN, 0}};
-      for (auto& p : waiting) fds.push_back({p.fd.get(), static_cast<short>(POLLIN | (p.sent < p.out.size() ? POLLOUT : 0)), 0});
+      for (auto& p : waiting) fds.push_back({p.fd.get(), static_cast<short>(POLLIN | (p.hs.sent() < p.hs.out().size() ? POLLOUT : 0)), 0});
       ::poll(fds.data(), fds.size(), accepting ? detail::tcp_poll_ms(deadline) : 50);
       if (accepting && (fds[0].revents & POLLIN))
         for (;;) {
@@ -762,95 +871,40 @@ private:
             }
             break;
           }
-          pending p;
-          p.fd = detail::tcp_fd(c);
+          pending p{detail::tcp_fd(c), detail::tcp_peer_address(c), clock::now() + handshake_limit(),
+                    detail::tcp_root_handshake(opt_.secret, opt_.job_id)};
           detail::tcp_nonblocking(c);
-          p.addr = detail::tcp_peer_address(c);
-          p.until = clock::now() + handshake_limit();
           if (waiting.size() >= max_pending) drop(0, "too many connections in the handshake at once");
           waiting.push_back(std::move(p));
         }
       for (std::size_t i = 0; i < waiting.size();) {
         pending& p = waiting[i];
+        detail::tcp_root_handshake& hs = p.hs;
         int err = 0;
-        if (p.sent < p.out.size() && detail::tcp_send_some(p.fd.get(), p.out, p.sent, err) == detail::tcp_io::closed) {
+        if (hs.sent() < hs.out().size() && detail::tcp_send_some(p.fd.get(), hs.out(), hs.sent(), err) == detail::tcp_io::closed) {
           drop(i, "it closed the connection in the handshake");
           continue;
         }
-        const detail::tcp_io r = detail::tcp_recv_some(p.fd.get(), p.in, p.got, err);
-        if (r == detail::tcp_io::closed) {
-          drop(i, "it closed the connection in the handshake");
+        std::size_t got = 0;
+        const std::span<std::byte> want = hs.want();
+        const detail::tcp_io r = detail::tcp_recv_some(p.fd.get(), want, got, err);
+        const auto st = hs.received(got);
+        if (st == detail::tcp_root_handshake::state::dropped) {
+          if (hs.sent() < hs.out().size()) // a refusal it may read (another protocol version)
+            detail::tcp_send_all(p.fd.get(), hs.out(), clock::now() + std::chrono::milliseconds(200));
+          drop(i, hs.why());
           continue;
         }
-        if (p.got < p.in.size()) {
-          if (clock::now() >= p.until) {
-            drop(i, "it did not complete the handshake within " + detail::tcp_seconds(handshake_limit()));
-            continue;
-          }
-          ++i;
+        if (st == detail::tcp_root_handshake::state::reading) {
+          if (r == detail::tcp_io::closed) drop(i, "it closed the connection in the handshake");
+          else if (got > 0) continue; // more may be there, and a challenge to send (same index)
+          else if (clock::now() >= p.until) drop(i, "it did not complete the handshake within " + detail::tcp_seconds(handshake_limit()));
+          else ++i;
           continue;
         }
-        if (p.stage == 0) {
-          if (detail::tcp_get(p.in.data(), 4) != detail::tcp_magic_hello) {
-            drop(i, "it does not speak tcp_bootstrap");
-            continue;
-          }
-          const auto version = static_cast<std::uint32_t>(detail::tcp_get(p.in.data() + 4, 4));
-          if (version != detail::tcp_version) { // told why (no data of the job), then dropped
-            detail::tcp_send_all(p.fd.get(),
-                                 detail::tcp_verdict(detail::tcp_magic_welcome,
-                                                     "this process speaks tcp_bootstrap version " + std::to_string(version) +
-                                                         ", the root version " + std::to_string(detail::tcp_version)),
-                                 clock::now() + std::chrono::milliseconds(200));
-            drop(i, "it speaks tcp_bootstrap version " + std::to_string(version) + ", this root " + std::to_string(detail::tcp_version));
-            continue;
-          }
-          p.stage = 1;
-          p.in.resize(detail::tcp_hello_bytes);
-          continue; // read the nonce (same index)
-        }
-        if (p.stage == 1) {
-          std::memcpy(p.their_nonce.data(), p.in.data() + 8, p.their_nonce.size());
-          p.my_nonce = detail::tcp_random_nonce();
-          const detail::tcp_mac m = detail::tcp_prove(opt_.secret, "root", p.their_nonce, p.my_nonce, opt_.job_id, {});
-          p.out.clear();
-          detail::tcp_put(p.out, detail::tcp_magic_challenge, 4);
-          detail::tcp_put(p.out, detail::tcp_version, 4);
-          p.out.insert(p.out.end(), p.my_nonce.begin(), p.my_nonce.end());
-          p.out.insert(p.out.end(), m.begin(), m.end());
-          p.sent = 0;
-          p.stage = 2;
-          p.in.assign(detail::tcp_claim_prefix, std::byte{0});
-          p.got = 0;
-          continue; // send it and read the claim
-        }
-        if (p.stage == 2) {
-          const std::size_t name = detail::tcp_get(p.in.data() + 12, 2);
-          if (detail::tcp_get(p.in.data(), 4) != detail::tcp_magic_claim || name > detail::tcp_max_name) {
-            drop(i, "its claim is malformed");
-            continue;
-          }
-          p.stage = 3;
-          p.in.resize(detail::tcp_claim_prefix + name + detail::tcp_mac_bytes);
-          continue;
-        }
-        // A whole claim: proven, or dropped.
-        const auto r_rank = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 4, 4));
-        const auto size_field = static_cast<std::int32_t>(detail::tcp_get(p.in.data() + 8, 4));
-        const std::size_t name_len = p.in.size() - detail::tcp_claim_prefix - detail::tcp_mac_bytes;
-        const std::string_view raw_name(reinterpret_cast<const char*>(p.in.data()) + detail::tcp_claim_prefix, name_len);
-        const detail::tcp_mac expect = detail::tcp_prove(opt_.secret, "rank", p.my_nonce, p.their_nonce, opt_.job_id,
-                                                         claim_fields(r_rank, size_field, raw_name));
-        if (!detail::tcp_mac_equal(p.in.data() + detail::tcp_claim_prefix + name_len, expect)) {
-          drop(i, std::string(proven() ? "it did not prove the job secret" : "its claim does not check") +
-                      (opt_.job_id.empty() ? "" : " and job id") + " (another job, or not a member of this one)");
-          continue;
-        }
-        if (p.sent < p.out.size()) { // a member never sends its claim before the whole challenge
-          drop(i, "it claimed before the challenge was sent");
-          continue;
-        }
-        member m{std::move(p.fd), detail::printable(raw_name) + " at " + p.addr};
+        // A claim whose proof checks.
+        const std::int32_t r_rank = hs.rank(), size_field = hs.size();
+        member m{std::move(p.fd), detail::printable(hs.name()) + " at " + p.addr};
         waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
         std::string why;
         if (size_field != opt_.size)
@@ -967,7 +1021,7 @@ private:
     const std::string me = detail::tcp_self_name().substr(0, detail::tcp_max_name);
     std::vector<std::byte> claim;
     detail::tcp_put(claim, detail::tcp_magic_claim, 4);
-    const std::vector<std::byte> fields = claim_fields(opt_.rank, opt_.size, me);
+    const std::vector<std::byte> fields = detail::tcp_root_handshake::claim_fields(opt_.rank, opt_.size, me);
     claim.insert(claim.end(), fields.begin(), fields.end());
     const detail::tcp_mac m = detail::tcp_prove(opt_.secret, "rank", theirs, mine, opt_.job_id, fields);
     claim.insert(claim.end(), m.begin(), m.end());

@@ -8,14 +8,14 @@
 #   tests/fuzz/run.sh [SECONDS] [TARGET...]     e.g. tests/fuzz/run.sh 600 fuzz_planner
 # FASTA2A_FUZZ_BUILD: the build folder (default build-fuzz); FASTA2A_FUZZ_NICE: nice level for the
 # fuzzing (default 0); FASTA2A_FUZZ_AT_ONCE: 1 (default) runs the targets at the same time, sharing
-# the machine's cores (CI: three minutes of fuzzing in one of wall time), 0 one after another, each
+# the machine's cores (CI: four minutes of fuzzing in one of wall time), 0 one after another, each
 # with a core to itself (the longer runs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_plan_reader fuzz_trace_reader fuzz_planner)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_plan_reader fuzz_trace_reader fuzz_planner fuzz_bootstrap_handshake)
 build=${FASTA2A_FUZZ_BUILD:-build-fuzz}
 nice_level=${FASTA2A_FUZZ_NICE:-0}
 
