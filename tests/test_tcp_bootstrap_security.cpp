@@ -141,15 +141,21 @@ TEST_CASE("tcp_bootstrap.security.an_impostor_before_the_real_rank_is_dropped_an
 }
 
 TEST_CASE("tcp_bootstrap.security.an_impostor_after_the_real_rank_is_dropped_and_the_job_goes_on") {
+  // Usually the root has stopped listening by then (its start-up is done); on a loaded machine it
+  // may still be in it, and then the impostor gets a challenge and is dropped at its claim.
   tcp_listener l(0, "127.0.0.1");
-  std::vector<std::byte> got;
+  std::vector<std::byte> challenge, after_claim;
   std::thread impostor([&] {
-    std::this_thread::sleep_for(200ms); // the real rank 1 has joined by then (start-up is done)
+    std::this_thread::sleep_for(200ms);
     try {
       raw_client c(l.port());
       const auto nonce = detail::tcp_random_nonce();
       c.send(hello_v2(nonce));
-      got = c.read_all(1s);
+      challenge = c.read_n(detail::tcp_challenge_bytes, 2s);
+      if (challenge.size() == detail::tcp_challenge_bytes) {
+        c.send(claim("not the job's secret, guessed", nonce, challenge, 1, 2, "impostor"));
+        after_claim = c.read_all(2s);
+      }
     } catch (...) {
     }
   });
@@ -158,7 +164,8 @@ TEST_CASE("tcp_bootstrap.security.an_impostor_after_the_real_rank_is_dropped_and
   CHECK(j.err0.empty());
   CHECK(j.err1.empty());
   CHECK(j.blobs_ok);
-  CHECK(got.empty()); // the root stopped listening after its start-up: no challenge, no data
+  CHECK((challenge.empty() || challenge.size() == detail::tcp_challenge_bytes));
+  CHECK(after_claim.empty()); // no verdict, no data
 }
 
 TEST_CASE("tcp_bootstrap.security.a_rank_with_another_secret_is_told_the_root_is_not_its_job_and_sends_nothing") {
@@ -188,7 +195,7 @@ TEST_CASE("tcp_bootstrap.security.a_rank_with_another_secret_is_told_the_root_is
     INFO(err);
     CHECK(err.find("is not this job's root") != std::string::npos);
     CHECK(err.find("nothing of this job was sent to it") != std::string::npos);
-    CHECK(s < 1.5); // at once, not after the timeout
+    CHECK(s < 4.0); // at once (milliseconds on an idle machine), not after the 5 s timeout
     INFO(root_err);
     CHECK(root_err.find("rank 1 of 2 did not arrive") != std::string::npos);
     CHECK(root_err.find("closed the connection in the handshake") != std::string::npos);
@@ -304,7 +311,7 @@ TEST_CASE("tcp_bootstrap.security.idle_and_garbage_connections_do_not_stop_the_s
   CHECK(j.err0.empty());
   CHECK(j.err1.empty());
   CHECK(j.blobs_ok);
-  CHECK(s < 3.0); // not the 10 s an idle connection may hold its place
+  CHECK(s < 8.0); // not the 10 s an idle connection may hold its place (0.1 s on an idle machine)
 }
 
 TEST_CASE("tcp_bootstrap.security.a_peers_terminal_escapes_are_printed_escaped") {
@@ -320,7 +327,7 @@ TEST_CASE("tcp_bootstrap.security.a_peers_terminal_escapes_are_printed_escaped")
     if (ch.size() == detail::tcp_challenge_bytes) c.send(claim("", nonce, ch, 5, 2, evil));
     c.read_all(500ms);
   });
-  tcp_bootstrap_options o = opts(0, 2, 0, 1500ms);
+  tcp_bootstrap_options o = opts(0, 2, 0, 3s);
   o.secret = "";
   std::string err;
   try {
