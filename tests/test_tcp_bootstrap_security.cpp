@@ -5,6 +5,10 @@
 // job's data. Included after test_tcp_bootstrap.cpp (its helpers: opts, on_threads, spawn,
 // collect, job_secret).
 
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 namespace {
@@ -389,4 +393,54 @@ TEST_CASE("tcp_bootstrap.security.out_of_file_descriptors_the_root_names_the_lim
   const auto at = cs[0].text.find("[cpu ");
   REQUIRE(at != std::string::npos);
   CHECK(std::stod(cs[0].text.substr(at + 5)) < 1.0); // 2 s of waiting, not 2 s of spinning
+}
+
+TEST_CASE("tcp_bootstrap.security.a_name_lookup_that_never_answers_is_bounded_by_the_timeout") {
+  // A child in namespaces of its own (mount and network: root only) whose /etc/resolv.conf names a
+  // resolver on its loopback that takes every query and never answers (glibc would wait 5 s per
+  // try, twice). The rank's start, with a 1 s timeout, must end within it naming the lookup.
+  root_port rp; // only for spawn's bookkeeping
+  std::vector<child> cs;
+  cs.push_back(spawn([&] {
+    if (::unshare(CLONE_NEWNS | CLONE_NEWNET) != 0) throw std::runtime_error("skip: unshare: " + detail::errno_text(errno));
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) throw std::runtime_error("skip: mount private failed");
+    { // loopback up in the new network namespace
+      detail::tcp_fd s(::socket(AF_INET, SOCK_DGRAM, 0));
+      ifreq ifr{};
+      std::strcpy(ifr.ifr_name, "lo");
+      if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) throw std::runtime_error("skip: SIOCGIFFLAGS failed");
+      ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+      if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) throw std::runtime_error("skip: cannot bring lo up");
+    }
+    detail::tcp_fd silent(::socket(AF_INET, SOCK_DGRAM, 0)); // the resolver that never answers
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(53);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(silent.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("skip: bind :53 failed");
+    char dir[] = "/tmp/fasta2a-resolv-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) throw std::runtime_error("skip: mkdtemp failed");
+    const std::string conf = std::string(dir) + "/resolv.conf";
+    if (FILE* f = std::fopen(conf.c_str(), "w")) {
+      std::fputs("nameserver 127.0.0.1\noptions timeout:5 attempts:2\n", f);
+      std::fclose(f);
+    }
+    const int bound = ::mount(conf.c_str(), "/etc/resolv.conf", nullptr, MS_BIND, nullptr);
+    ::unlink(conf.c_str());
+    ::rmdir(dir);
+    if (bound != 0) throw std::runtime_error("skip: cannot bind-mount /etc/resolv.conf");
+    step_start = clock_type::now();
+    tcp_bootstrap_options o = opts(1, 2, 29500, 1s);
+    o.root_address = "fasta2a-root.example.com"; // in no /etc/hosts: asked of the silent resolver
+    tcp_bootstrap b(o);
+  }));
+  collect(cs, 30s);
+  INFO(cs[0].text);
+  if (cs[0].text.starts_with("skip:")) {
+    MESSAGE("skipped: this test needs root (namespaces): " << cs[0].text);
+    return;
+  }
+  CHECK(cs[0].text.find("could not reach the root at fasta2a-root.example.com:29500 within 1 s") != std::string::npos);
+  CHECK(cs[0].text.find("name lookup of 'fasta2a-root.example.com' did not finish") != std::string::npos);
+  check_in_time(cs[0], 1 + slack_s);
 }

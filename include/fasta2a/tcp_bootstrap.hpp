@@ -37,6 +37,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -438,6 +441,71 @@ private:
   std::string why_;
 };
 
+/// One address a name resolved to (what connect() or bind() needs of an addrinfo).
+struct tcp_address {
+  int family = 0, socktype = 0, protocol = 0;
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+};
+
+/// getaddrinfo's status and the addresses it gave.
+struct tcp_lookup_result {
+  int rc = 0;
+  std::vector<tcp_address> addresses;
+};
+
+/// A name lookup bounded in time: getaddrinfo runs on a thread of its own (a resolver that does
+/// not answer can hold it for the resolver's own timeouts, 10 s and more), and the caller waits
+/// for it until a deadline. A lookup still running then is left to finish on its thread, which
+/// holds all it uses; wait() on the same tcp_lookup later picks it up again.
+class tcp_lookup {
+public:
+  tcp_lookup(std::string host, std::string service, int flags) : host_(std::move(host)), service_(std::move(service)), flags_(flags) {}
+
+  /// The result by `deadline`, or nothing (the lookup is still running).
+  std::optional<tcp_lookup_result> wait(std::chrono::steady_clock::time_point deadline) {
+    if (!running_) start();
+    if (result_.wait_until(deadline) != std::future_status::ready) return std::nullopt;
+    running_ = false;
+    return result_.get();
+  }
+  const std::string& host() const noexcept { return host_; }
+
+private:
+  void start() {
+    auto promise = std::make_shared<std::promise<tcp_lookup_result>>();
+    result_ = promise->get_future();
+    running_ = true;
+    std::thread([promise, host = host_, service = service_, flags = flags_] {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = flags;
+      addrinfo* res = nullptr;
+      tcp_lookup_result r;
+      r.rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+      if (r.rc == 0) {
+        for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+          tcp_address t;
+          t.family = a->ai_family;
+          t.socktype = a->ai_socktype;
+          t.protocol = a->ai_protocol;
+          t.len = static_cast<socklen_t>(std::min<std::size_t>(a->ai_addrlen, sizeof t.addr));
+          std::memcpy(&t.addr, a->ai_addr, t.len);
+          r.addresses.push_back(t);
+        }
+        ::freeaddrinfo(res);
+      }
+      promise->set_value(std::move(r));
+    }).detach();
+  }
+
+  std::string host_, service_;
+  int flags_;
+  bool running_ = false;
+  std::future<tcp_lookup_result> result_;
+};
+
 /// "a:b" -> (a, b), or an error naming `what`.
 inline std::pair<std::string, std::uint16_t> tcp_split_id(std::string_view id, const std::string& what) {
   const auto colon = id.rfind(':');
@@ -524,12 +592,14 @@ inline tcp_bootstrap_options tcp_bootstrap_options::from_env() {
 /// Rank 0's listening socket, bound before the bootstrap is made so that its port (and id) can be
 /// handed to the other ranks first: port 0 picks a free one. SO_REUSEADDR. On every address
 /// (IPv6 and IPv4 where the machine has IPv6, IPv4 only otherwise), or on the one address
-/// `host` names (a numeric address or a name of this machine; "" for every address).
+/// `host` names (a numeric address or a name of this machine; "" for every address), whose name
+/// lookup may take at most `lookup_limit`.
 class tcp_listener {
 public:
-  explicit tcp_listener(std::uint16_t port = 0, const std::string& host = {}) {
+  explicit tcp_listener(std::uint16_t port = 0, const std::string& host = {},
+                        std::chrono::milliseconds lookup_limit = std::chrono::seconds(30)) {
     if (!host.empty()) {
-      listen_on(port, host);
+      listen_on(port, host, lookup_limit);
       return;
     }
     std::string why;
@@ -598,25 +668,24 @@ public:
   bool loopback_only() const noexcept { return loopback_; }
 
 private:
-  void listen_on(std::uint16_t port, const std::string& host) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    addrinfo* res = nullptr;
-    const std::string service = std::to_string(port);
-    if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
-      throw error("tcp_bootstrap: rank 0 cannot listen on '" + detail::printable(host) + "': " + gai_strerror(rc));
+  void listen_on(std::uint16_t port, const std::string& host, std::chrono::milliseconds lookup_limit) {
+    detail::tcp_lookup lookup(host, std::to_string(port), AI_PASSIVE | AI_NUMERICSERV);
+    const auto found = lookup.wait(std::chrono::steady_clock::now() + lookup_limit);
+    if (!found)
+      throw timeout_error("tcp_bootstrap: rank 0 cannot listen on '" + detail::printable(host) + "': its name lookup did not finish within " +
+                          detail::tcp_seconds(lookup_limit) + " (is the resolver in /etc/resolv.conf answering?)");
+    if (found->rc != 0)
+      throw error("tcp_bootstrap: rank 0 cannot listen on '" + detail::printable(host) + "': " + gai_strerror(found->rc));
     std::string why = "no address";
-    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-      detail::tcp_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    for (const detail::tcp_address& a : found->addresses) {
+      detail::tcp_fd fd(::socket(a.family, a.socktype | SOCK_CLOEXEC, a.protocol));
       if (!fd) {
         why = "socket: " + detail::errno_text(errno);
         continue;
       }
       const int one = 1;
       ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
         const int e = errno;
         why = "bind: " + detail::errno_text(e) +
               (e == EADDRNOTAVAIL ? " (it is not an address of this machine: set FASTA2A_LISTEN_ADDRESS to one, or '*' for every address)" : "");
@@ -641,10 +710,8 @@ private:
                                             : reinterpret_cast<sockaddr_in*>(&b)->sin_port);
       detail::tcp_nonblocking(fd.get());
       fd_ = std::move(fd);
-      ::freeaddrinfo(res);
       return;
     }
-    ::freeaddrinfo(res);
     throw error("tcp_bootstrap: rank 0 cannot listen on " + detail::printable(host) + " port " + std::to_string(port) + ": " + why);
   }
 
@@ -685,7 +752,7 @@ public:
   explicit tcp_bootstrap(const tcp_bootstrap_options& opt) : opt_(opt) {
     check_options();
     if (opt_.rank == 0 && opt_.size > 1) {
-      tcp_listener l(opt_.port, opt_.listen_address);
+      tcp_listener l(opt_.port, opt_.listen_address, opt_.timeout);
       start_root(l);
     } else if (opt_.rank != 0) {
       start_peer();
@@ -1031,26 +1098,28 @@ private:
   }
 
   detail::tcp_fd try_connect(clock::time_point deadline, std::string& last) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const std::string port = std::to_string(opt_.port);
-    if (const int rc = ::getaddrinfo(opt_.root_address.c_str(), port.c_str(), &hints, &res); rc != 0) {
-      last = std::string("cannot resolve '") + opt_.root_address + "': " + gai_strerror(rc);
+    if (!lookup_) lookup_ = std::make_unique<detail::tcp_lookup>(opt_.root_address, std::to_string(opt_.port), AI_NUMERICSERV);
+    const auto found = lookup_->wait(deadline); // bounded: a resolver that does not answer cannot hold the start
+    if (!found) {
+      last = "the name lookup of '" + detail::printable(opt_.root_address) + "' did not finish (is the resolver in /etc/resolv.conf answering?)";
+      return {};
+    }
+    if (found->rc != 0) {
+      last = "cannot resolve '" + detail::printable(opt_.root_address) + "': " + gai_strerror(found->rc);
       return {};
     }
     detail::tcp_fd out;
-    for (addrinfo* a = res; a != nullptr && !out; a = a->ai_next) {
-      detail::tcp_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    for (const detail::tcp_address& a : found->addresses) {
+      if (out) break;
+      detail::tcp_fd fd(::socket(a.family, a.socktype | SOCK_CLOEXEC, a.protocol));
       if (!fd) {
         last = "socket: " + detail::errno_text(errno);
         continue;
       }
       detail::tcp_nonblocking(fd.get());
-      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
         if (errno != EINPROGRESS) {
-          last = detail::errno_text(errno);
+          last = connect_error(errno);
           continue;
         }
         // At most a second per attempt, so that a lost SYN is retried.
@@ -1065,14 +1134,22 @@ private:
           continue;
         }
         if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-          last = detail::errno_text(err != 0 ? err : errno);
+          last = connect_error(err != 0 ? err : errno);
           continue;
         }
       }
       out = std::move(fd);
     }
-    ::freeaddrinfo(res);
     return out;
+  }
+
+  /// A failed connect's errno as text; a refusal says what it means here.
+  static std::string connect_error(int e) {
+    std::string t = detail::errno_text(e);
+    if (e == ECONNREFUSED)
+      t += ": nothing listens on that port (the root has not started yet, or it has stopped listening: "
+           "its start-up ended, with the ranks it had or giving up)";
+    return t;
   }
 
   /// Reads the root's verdict (magic `welcome`) by `until`; throws its failure, a closed
@@ -1306,6 +1383,7 @@ private:
   tcp_bootstrap_options opt_;
   std::vector<member> members_; // rank 0: one per rank (0 is itself, without a socket)
   detail::tcp_fd root_fd_;      // other ranks: the connection to rank 0
+  std::unique_ptr<detail::tcp_lookup> lookup_; // other ranks: the root's name, looked up
   std::string root_name_;
   std::uint64_t calls_ = 0;
   std::string broken_;
