@@ -11,8 +11,16 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +128,46 @@ inline std::string fi_tcp_send_staging() {
   ::setenv("FI_TCP_STAGING_SBUF_SIZE", "0", 0);
   const char* v = std::getenv("FI_TCP_STAGING_SBUF_SIZE");
   return v != nullptr ? v : "";
+}
+
+/// Removes the shared-memory regions that libfabric's shm provider left in `dir` for processes
+/// that are gone: a rank killed before it closed its endpoint leaves its region (16 MiB in 1.17)
+/// until someone removes it. The provider names a region "<pid>:<n>:<m>" (1.17, measured); only
+/// regular files of this user so named whose process does not exist (kill(pid, 0) fails with
+/// ESRCH) are removed. Returns how many. FASTA2A_SHM_SWEEP=0 turns it off: where /dev/shm is shared
+/// between PID namespaces (containers), a live process of another namespace would look gone.
+inline std::size_t fi_sweep_dead_shm(const char* dir = "/dev/shm") {
+  if (const char* v = std::getenv("FASTA2A_SHM_SWEEP"); v != nullptr && std::string_view(v) == "0") return 0;
+  DIR* d = ::opendir(dir);
+  if (d == nullptr) return 0;
+  std::size_t removed = 0;
+  const uid_t me = ::geteuid();
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    // digits ':' digits ':' digits, the pid first
+    std::size_t colons = 0, digits = 0;
+    bool shape = !name.empty();
+    for (const char c : name) {
+      if (c == ':') {
+        if (digits == 0) shape = false;
+        ++colons;
+        digits = 0;
+      } else if (std::isdigit(static_cast<unsigned char>(c)) != 0) {
+        ++digits;
+      } else {
+        shape = false;
+      }
+    }
+    if (!shape || colons != 2 || digits == 0) continue;
+    const long long pid = std::atoll(std::string(name.substr(0, name.find(':'))).c_str());
+    if (pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue; // alive (or not ours to know)
+    if (::unlinkat(::dirfd(d), e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 /// Owns an fi_info list.
@@ -318,7 +366,8 @@ public:
            ", writes of at most " + std::to_string(chunk_) + " bytes, " +
            (hmem_ ? std::string("FI_HMEM (CUDA ") + (hmem_cuda_ ? "yes" : "no") + ", ROCr " + (hmem_rocr_ ? "yes" : "no") + ")"
                   : std::string("no FI_HMEM")) +
-           " device memory registration" + tcp_staging_note();
+           " device memory registration" + tcp_staging_note() +
+           (shm_swept_ > 0 ? ", removed " + std::to_string(shm_swept_) + " shm region(s) that processes gone had left in /dev/shm" : "");
   }
   rank_t rank() const noexcept { return rank_; }
   rank_t size() const noexcept { return size_; }
@@ -440,6 +489,7 @@ private:
 
   void open() {
     tcp_staging_ = detail::fi_tcp_send_staging(); // before the queries below read the environment
+    if (provider_.rfind("shm", 0) == 0) shm_swept_ = detail::fi_sweep_dead_shm(); // what killed jobs left
     std::string why_ordered, why_any;
     // With FI_HMEM where the provider offers it (libfabric_options::hmem), else without.
     auto query = [&](std::optional<bool> ordered, std::string* why) {
@@ -524,6 +574,8 @@ private:
     cq_ = nullptr;
     domain_ = nullptr;
     fabric_ = nullptr;
+    // A peer killed during the job left its region: the survivors remove it as they close.
+    if (provider_.rfind("shm", 0) == 0) detail::fi_sweep_dead_shm();
   }
 
   void reg(memory& m, fi_hmem_iface iface = FI_HMEM_SYSTEM, int device = 0) {
@@ -856,6 +908,7 @@ private:
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
   bool delivery_ = false;        ///< puts ask for FI_DELIVERY_COMPLETE
   std::string tcp_staging_;      ///< FI_TCP_STAGING_SBUF_SIZE when the endpoint was opened
+  std::size_t shm_swept_ = 0;    ///< shm regions of processes gone, removed when the endpoint was opened
   bool hmem_ = false, hmem_cuda_ = false, hmem_rocr_ = false; ///< FI_HMEM opened; its interfaces
   std::uint64_t write_flags_ = 0;
   std::size_t chunk_ = 0;
