@@ -487,6 +487,16 @@ private:
     }
   }
 
+  // Room for more pieces, never past the plan size limit: a vector that doubles would otherwise
+  // allocate up to twice the limit before the check after the server pair (issue 50: a staging
+  // budget of a few bytes cuts a call into tens of millions of pieces).
+  void grow_pieces(plan& p) const {
+    constexpr std::size_t per = sizeof(piece) + 6 * sizeof(rank_op); // as check_size counts them
+    const std::size_t most = opt_.max_plan_bytes / per;
+    if (p.pieces.size() >= most) check_size((p.pieces.size() + 1) * per, "pieces"); // throws
+    p.pieces.reserve(std::min(most, std::max<std::size_t>(64, 2 * p.pieces.size())));
+  }
+
   void check_size(std::size_t bytes, const char* what) const {
     if (bytes / (sizeof(piece) + 6 * sizeof(rank_op)) >= (std::size_t{1} << 32) / 8)
       throw plan_too_large(std::string("plan has too many ") + what + " to index");
@@ -688,6 +698,26 @@ private:
     bytes_t heaviest = 0;
     for (bytes_t x : stages_.weights) heaviest = std::max(heaviest, x);
     w = std::min(w, heaviest);
+    // Every piece of a rail hop fits in one slot, so the pieces number at least the bytes that
+    // cross between servers (at least one rail's share of each pair; for a rank's view, the pairs
+    // of its server) over the slot: refused here, before the stages are cut, where they alone pass
+    // the limit.
+    {
+      const int S = static_cast<int>(m_.rows()), home = p.view < 0 ? -1 : p.view / p.gpus_per_server;
+      long double crossing = 0;
+      for (int a = 0; a < S; ++a)
+        for (int b = 0; b < S; ++b)
+          if (a != b && (home < 0 || a == home || b == home)) crossing += static_cast<long double>(m_(a, b));
+      const long double pieces = crossing / static_cast<long double>(w);
+      if (pieces * static_cast<long double>(sizeof(piece) + 6 * sizeof(rank_op)) > static_cast<long double>(opt_.max_plan_bytes)) {
+        char c[32];
+        std::snprintf(c, sizeof c, "%.4Lg", pieces);
+        throw plan_too_large("a staging budget of " + std::to_string(opt_.staging_budget) + " bytes per rank (slots of " +
+                             std::to_string(w) + " bytes) cuts the traffic between servers into at least " + c +
+                             " pieces, past the plan size limit of " + std::to_string(opt_.max_plan_bytes) +
+                             " bytes; raise the staging budget (or fraction) or plan_options::max_plan_bytes");
+      }
+    }
     if (rails_) { // each rail's stages cut apart, then aligned again
       for (stage_list& list : rail_stages_) cut_into_slots(list, w);
       combine_rails();
@@ -701,9 +731,26 @@ private:
 
   // Every stage of `list` heavier than w cut into stages of w (the last one smaller), in order.
   void cut_into_slots(stage_list& list, bytes_t w) {
+    // How many stages the cut makes, and what they will cost, before any is stored: a budget of a
+    // few bytes cuts a call of megabytes into millions of stages (issue 50: 4.3 GB resident and
+    // 16 s before the limit was noticed stage by stage).
+    const long double per_stage = static_cast<long double>(list.servers) * sizeof(std::int32_t) + sizeof(bytes_t) +
+                                  static_cast<long double>(list.extra_bytes_per_stage);
+    long double count = 0;
+    for (std::size_t t = 0; t < list.size(); ++t) count += std::ceil(static_cast<long double>(list.weights[t]) / w);
+    if (count * per_stage > static_cast<long double>(list.max_bytes)) {
+      char c[32];
+      std::snprintf(c, sizeof c, "%.4Lg", count);
+      throw plan_too_large("a staging budget of " + std::to_string(opt_.staging_budget) + " bytes per rank (slots of " +
+                           std::to_string(w) + " bytes) cuts the plan's " + std::to_string(list.size()) + " stages into " + c +
+                           ", past the plan size limit of " + std::to_string(list.max_bytes) +
+                           " bytes; raise the staging budget (or fraction) or plan_options::max_plan_bytes");
+    }
     split_.reset(list.servers);
     split_.max_bytes = list.max_bytes;
     split_.extra_bytes_per_stage = list.extra_bytes_per_stage;
+    split_.weights.reserve(static_cast<std::size_t>(count));
+    split_.perms.reserve(static_cast<std::size_t>(count) * static_cast<std::size_t>(list.servers));
     for (std::size_t t = 0; t < list.size(); ++t)
       for (bytes_t left = list.weights[t]; left > 0;) {
         const bytes_t x = std::min(left, w);
@@ -1371,6 +1418,7 @@ private:
         detail::staging_layout::place(pc, rs, rd, 0, static_cast<bytes_t>(ring_) * slot_, at);
       }
       index_.add(pc);
+      if (p.pieces.size() == p.pieces.capacity()) [[unlikely]] grow_pieces(p);
       p.pieces.push_back(pc);
       pos += x;
       off += x;
