@@ -2,7 +2,10 @@
 // <doctest/doctest.h>.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <exception>
+#include <future>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +13,9 @@
 #include <fasta2a/plan.hpp>
 #include <fasta2a/traffic.hpp>
 #include <fasta2a/verify.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace fasta2a::testing {
 
@@ -46,6 +52,37 @@ inline std::vector<std::pair<std::size_t, std::pair<op_kind, piece>>> rank_work(
   for (std::size_t t = 0; t < p.op_stages(); ++t)
     for (const rank_op& op : p.ops(r, t)) w.push_back({t, {op.kind, p.pieces[op.piece]}});
   return w;
+}
+
+/// The message of the fasta2a::error that read() throws on `path`, a file that is not to be waited
+/// on (a FIFO nobody writes, a device): "no error" if it returns, "not a fasta2a::error: ..." for
+/// another exception. A reader must refuse such a file before opening it: one that opens a FIFO
+/// blocks in open() until a writer comes. So that such a reader fails the test instead of hanging
+/// it, a reader still busy after `deadline` fails the check and is released: `path` is opened for
+/// writing and closed, which lets the open() of a FIFO return and its reads find the end.
+template <class Read>
+std::string error_reading_promptly(const std::string& path, Read read,
+                                   std::chrono::seconds deadline = std::chrono::seconds(10)) {
+  auto pending = std::async(std::launch::async, [read]() -> std::string {
+    try {
+      read();
+    } catch (const error& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not a fasta2a::error: ") + e.what();
+    }
+    return "no error";
+  });
+  if (pending.wait_for(deadline) == std::future_status::timeout) {
+    FAIL_CHECK("still reading " << path << " after " << deadline.count() << " s: it blocks in open()?");
+    // A non-blocking open for writing fails (ENXIO) while no reader has the FIFO open: retry.
+    for (int tries = 0; tries < 100 && pending.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready;
+         ++tries) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  return pending.get();
 }
 
 } // namespace fasta2a::testing

@@ -9,8 +9,9 @@
 #   errors     every kind of bad input exits 2 with "fasta2a: error: " and a word naming the problem
 #   rank       `plan --rank R`: a rank's part only, checked against the whole plan where small, on
 #              its own where large; its report; a rank out of range and whole-plan outputs refused
-#   robust     issue 12's reproductions (defects 6, 7, 8): each ends with exit 2 naming the real
-#              problem, quickly and within bounded memory; needs no trace
+#   robust     issue 12's reproductions (defects 6, 7, 8) and issue 50's (defects 11, 12: input
+#              that is not a regular file, generator options that give no traffic): each ends with
+#              exit 2 naming the real problem, quickly and within bounded memory; needs no trace
 # Exit 0 on success; a missing trace fails, or exits 77 (ctest's SKIP_RETURN_CODE) with
 # FASTA2A_SKIP_MISSING_WORKLOADS=1. FASTA2A_CLI_TEST_MATRICES=N (the sanitizer builds set it): the
 # runs over every matrix of the trace (--all) take its first N matrices, written to a file of their
@@ -360,6 +361,45 @@ robust)
   # A directory is not "out of memory".
   mkdir "$work/adir"
   expect_error 'is a directory' "${ok[@]}" --matrix "$work/adir"
+  # Issue 50, defect 11: nor is anything else that is not a regular file, and each is refused
+  # before it is opened (a FIFO nobody writes blocked in open() for ever; `timeout` turns that into
+  # status 124), naming what it is, by plan and run alike.
+  mkfifo "$work/fifo"
+  "$python" -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$work/sock"
+  not_regular=("$work/fifo" "/dev/zero" "/dev/null" "$work/sock" "$work/adir")
+  kinds=("a FIFO" "a character device" "a character device" "a socket" "a directory")
+  for k in "${!not_regular[@]}"; do
+    for cmd in plan run; do
+      ( exec timeout 20 "$bin" $cmd --servers 2 --gpus 2 --matrix "${not_regular[$k]}" ) >"$work/out" 2>"$work/err"
+      rc=$?
+      want="fasta2a: error: trace file '${not_regular[$k]}' is ${kinds[$k]}, not a regular file"
+      if [ "$rc" -ne 2 ] || ! grep -qxF "$want" "$work/err" || [ -s "$work/out" ]; then
+        fail "$cmd --matrix ${not_regular[$k]}: exit $rc (want 2 within 20 s), stderr: $(head -c 300 "$work/err") (want: $want)"
+      fi
+    done
+  done
+  # A symbolic link to a regular file is read as the file.
+  ln -s "$work/ones4.txt" "$work/link.txt"
+  expect_ok "${ok[@]}" --matrix "$work/link.txt"
+  # Issue 50, defect 12: generator options whose every count rounds down to 0 made an all-zero
+  # matrix and exited 0; every generator now says so, naming the options, for plan and run.
+  for gen in --uniform "--zipf 1.2" "--hotspot 1" "--lognormal 0.5"; do
+    # shellcheck disable=SC2086 # the generator's flag and value are two words
+    expect_error "$gen with --bytes-per-rank 1K rounded down to a multiple of --granule 1G gives no traffic: every count is 0" \
+      "${ok[@]}" $gen --granule 1G --bytes-per-rank 1K
+    # shellcheck disable=SC2086
+    expect_error "$gen with --bytes-per-rank 4095 rounded down to a multiple of --granule 4K gives no traffic" \
+      run --servers 2 --gpus 2 $gen --granule 4K --bytes-per-rank 4095 --iters 1
+  done
+  # Log-normal loads with a huge SIGMA: every rank's draw is a tiny fraction of the mean.
+  expect_error "--lognormal 1e+06 with --bytes-per-rank 64M and --granule 1 gives no traffic: every rank's load" \
+    "${ok[@]}" --lognormal 1e6
+  # Still planned: one granule per rank, --bytes-per-rank 0 (no traffic asked for), and a trace's
+  # all-zero matrix (what was recorded).
+  expect_ok "${ok[@]}" --uniform --granule 1G --bytes-per-rank 1G
+  expect_ok "${ok[@]}" --zipf 1.2 --bytes-per-rank 0
+  printf '0 0 0 0\n0 0 0 0\n0 0 0 0\n0 0 0 0\n' >"$work/zeros4.txt"
+  expect_ok "${ok[@]}" --matrix "$work/zeros4.txt"
   # A 2 GB sparse file (NUL bytes) is refused at its first byte, not read whole: 20 s and 200 MB
   # of address space are far less than reading it takes.
   truncate -s 2G "$work/sparse.txt"

@@ -31,9 +31,11 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace fasta2a;
@@ -298,6 +300,30 @@ TEST_CASE("json.roundtrip.through_a_file") {
   } catch (const error& e) {
     CHECK(contains(e.what(), path.string()));
   }
+}
+
+TEST_CASE("json.read.a_fifo_is_refused_before_it_is_opened") {
+  // Issue 50, defect 11: load_plan_json on a FIFO that nobody writes blocked in open() for ever. It
+  // is refused by its type before it is opened, promptly, naming the path and what it is; so are a
+  // character device and a directory.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("fasta2a-test-json-fifo-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct remove_at_exit {
+    std::filesystem::path path;
+    ~remove_at_exit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } cleanup{dir};
+  const std::string fifo = (dir / "plan.json").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(fasta2a::testing::error_reading_promptly(fifo, [&] { (void)load_plan_json(fifo); }) ==
+        "plan file '" + fifo + "' is a FIFO, not a regular file");
+  CHECK(fasta2a::testing::error_reading_promptly("/dev/null", [] { (void)load_plan_json("/dev/null"); }) ==
+        "plan file '/dev/null' is a character device, not a regular file");
+  CHECK(fasta2a::testing::error_reading_promptly(dir.string(), [&] { (void)load_plan_json(dir.string()); }) ==
+        "plan file '" + dir.string() + "' is a directory, not a regular file");
 }
 
 TEST_CASE("json.write.failing_stream_is_an_error") {

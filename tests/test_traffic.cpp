@@ -15,8 +15,10 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 using fasta2a::bytes_t;
@@ -231,6 +233,27 @@ TEST_CASE("traffic.read.missing_file") {
     CHECK(contains(what, path));
     CHECK(contains(what, "cannot open"));
   }
+}
+
+TEST_CASE("traffic.read.not_a_regular_file") {
+  // Issue 50, defect 11: a FIFO blocked the readers in open() for ever (nobody writes it); /dev/null
+  // read as an empty trace, a directory as "out of memory" on some systems. Each is refused by its
+  // type before it is opened, promptly, naming the path and what it is.
+  temp_dir dir;
+  const std::string fifo = dir.path("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string subdir = dir.path("subdir");
+  std::filesystem::create_directory(subdir);
+  const std::pair<std::string, std::string> inputs[] = {
+      {fifo, "a FIFO"}, {"/dev/null", "a character device"}, {subdir, "a directory"}};
+  for (const auto& [path, kind] : inputs)
+    for (auto f : {+[](const std::string& p) { fasta2a::count_matrices(p, 2); },
+                   +[](const std::string& p) { fasta2a::read_matrix(p, 2); },
+                   +[](const std::string& p) { fasta2a::read_trace(p, 2); }}) {
+      CAPTURE(path);
+      CHECK(fasta2a::testing::error_reading_promptly(path, [&] { f(path); }) ==
+            "trace file '" + path + "' is " + kind + ", not a regular file");
+    }
 }
 
 TEST_CASE("traffic.read.malformed_tokens") {

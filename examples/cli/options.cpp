@@ -69,7 +69,8 @@ Planning:
                           plan nor the baselines: memory is the matrix plus one rank's part, so
                           thousands of GPUs plan within the default --max-plan-bytes. See below
 Input, exactly one of:
-  --matrix FILE           trace of whitespace-separated counts, (S*G) x (S*G) per matrix
+  --matrix FILE           trace of whitespace-separated counts, (S*G) x (S*G) per matrix; a regular
+                          file (a FIFO, a device or a directory is refused before it is opened)
       --index K           plan matrix K of the trace, from 0 (default 0)
       --all               plan every matrix of the trace; a summary line follows the table
       --unit BYTES        bytes per count, e.g. 8192 for a bf16 token of hidden size 4096 (default 1)
@@ -77,7 +78,8 @@ Input, exactly one of:
   --zipf S                destinations drawn with Zipf(S) popularity
   --hotspot K             K hot ranks receive --hot-share F of every rank's bytes (default 0.5)
   --lognormal SIGMA       per-rank load log-normal with parameter SIGMA
-      --bytes-per-rank B  bytes each rank sends (default 64MiB)
+      --bytes-per-rank B  bytes each rank sends (default 64MiB), rounded down to whole --granule;
+                          options that give no traffic at all are an error (B = 0 plans none)
       --seed N            generator seed (default 1)
 Output files (the plan and timeline of the first planned matrix):
   --json FILE             the FAST plan, format fasta2a.plan.v1

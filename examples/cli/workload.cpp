@@ -3,7 +3,54 @@
 
 #include "report.hpp" // strf
 
+#include <utility>
+
 namespace cli {
+namespace {
+
+/// A size as the command line takes it: "1K", "64M", "1G" where it is a whole number of those,
+/// else bytes.
+std::string size_text(bytes_t b) {
+  for (const auto& [suffix, shift] : {std::pair{"G", 30}, std::pair{"M", 20}, std::pair{"K", 10}})
+    if (b != 0 && b % (bytes_t{1} << shift) == 0) return std::to_string(b >> shift) + suffix;
+  return std::to_string(b);
+}
+
+/// The generator's option as given, with its value: "--zipf 1.2".
+std::string generator_text(const options& o) {
+  switch (o.input) {
+  case input_kind::zipf: return strf("--zipf %g", o.zipf_s);
+  case input_kind::hotspot: return strf("--hotspot %d", o.hot);
+  case input_kind::lognormal: return strf("--lognormal %g", o.sigma);
+  default: return o.input_flag;
+  }
+}
+
+/// A generator that was asked for traffic (--bytes-per-rank above 0) and made none: planning the
+/// all-zero matrix would exit 0 with a table of zeros, and the user would take it for the traffic
+/// asked for. Every count rounds down to whole granules, so bytes per rank below one granule give
+/// nothing whatever the generator; log-normal loads also give nothing when SIGMA is so large that
+/// every rank's draw is a tiny fraction of the mean. `--bytes-per-rank 0` asks for no traffic and
+/// gets it (a plan of no stages). A trace's all-zero matrix is not refused either: it is what was
+/// recorded (a step in which no token moved), and planning it is correct.
+void refuse_empty_generated(const options& o, const fa::traffic_matrix& m) {
+  if (o.bytes_per_rank == 0 || !(m.array() == 0).all()) return;
+  const std::string bytes = "--bytes-per-rank " + size_text(o.bytes_per_rank);
+  const std::string granule = "--granule " + size_text(o.granule);
+  if (o.bytes_per_rank < o.granule)
+    throw fa::error(generator_text(o) + " with " + bytes + " rounded down to a multiple of " + granule +
+                    " gives no traffic: every count is 0; use a smaller --granule or more --bytes-per-rank");
+  if (o.input == input_kind::lognormal)
+    throw fa::error(generator_text(o) + " with " + bytes + " and " + granule +
+                    " gives no traffic: every rank's load, --bytes-per-rank x exp(SIGMA Z - SIGMA^2 / 2), "
+                    "rounds down to 0 granules; use a smaller --lognormal SIGMA, a smaller --granule or more "
+                    "--bytes-per-rank");
+  // Not reached by today's generators (each row of the others sums to --bytes-per-rank rounded
+  // down to a granule), but a new one must not plan nothing silently either.
+  throw fa::error(generator_text(o) + " with " + bytes + " and " + granule + " gives no traffic: every count is 0");
+}
+
+} // namespace
 
 workload load_workload(const options& o, rank_t n) {
   workload w;
@@ -29,6 +76,7 @@ workload load_workload(const options& o, rank_t n) {
     break;
   case input_kind::none: throw fa::error("no input");
   }
+  if (o.input != input_kind::matrix) refuse_empty_generated(o, w.matrices.front());
   return w;
 }
 

@@ -19,7 +19,8 @@ struct workload {
 };
 
 /// Reads or generates the matrices of `o` for `n` ranks; every rank that calls it gets the same.
-/// Throws fasta2a::error for a trace that cannot be read or does not fit n ranks.
+/// Throws fasta2a::error for a trace that cannot be read or does not fit n ranks, and for generator
+/// options that give no traffic (every count 0) although --bytes-per-rank asked for some.
 workload load_workload(const options& o, rank_t n);
 
 /// One line saying what the input is ("zipf(1.2), 1048576 B per rank, seed 7"), for headers and

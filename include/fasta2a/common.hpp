@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
@@ -158,6 +159,35 @@ inline std::string printable(std::string_view text, bool backslash = true) {
     }
   }
   return s;
+}
+
+/// Refuses a path that is not a regular file before anything opens it, naming the path and what
+/// it is: "trace file '/tmp/f' is a FIFO, not a regular file" (`role` is "trace file"). Opening a
+/// FIFO for reading blocks in open() itself until a writer comes, which may be never; a character
+/// device waits for input (a terminal) or never ends (/dev/zero, /dev/urandom); a directory opens
+/// on some systems and then reads as garbage or "out of memory"; a socket cannot be opened at all.
+/// A path that cannot be examined (missing, not permitted) passes: opening it fails, and the caller
+/// says so as it always did. Symbolic links are followed, so a link to a regular file is one. The
+/// check and the open are two steps, and a file swapped in between is not seen: enough for a file
+/// named on a command line, which is the caller's own.
+inline void require_regular_file(const std::string& path, std::string_view role) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec) return;
+  const char* kind = nullptr;
+  switch (st.type()) {
+  case fs::file_type::regular:
+  case fs::file_type::none: // status() failed (ec is set then): handled above
+  case fs::file_type::not_found: return;
+  case fs::file_type::directory: kind = "a directory"; break;
+  case fs::file_type::fifo: kind = "a FIFO"; break;
+  case fs::file_type::socket: kind = "a socket"; break;
+  case fs::file_type::character: kind = "a character device"; break;
+  case fs::file_type::block: kind = "a block device"; break;
+  default: kind = "of an unknown type"; break; // symlink (not returned by status()), unknown
+  }
+  throw error(std::string(role) + " '" + printable(path) + "' is " + kind + ", not a regular file");
 }
 
 } // namespace detail

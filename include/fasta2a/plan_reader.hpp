@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -872,10 +871,11 @@ inline plan read_plan_json(std::string_view text, plan_read_options opt = {}) {
 }
 
 /// read_plan_json of the file at `path`; errors are prefixed with the path, and a file that cannot
-/// be opened or read is an error naming it.
+/// be opened or read is an error naming it, as is one that is not a regular file (a directory, a
+/// FIFO, a device, a socket: "plan file '/tmp/f' is a FIFO, not a regular file"), refused before it
+/// is opened since opening a FIFO blocks until a writer comes.
 inline plan load_plan_json(const std::string& path, plan_read_options opt = {}) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw error("plan file '" + path + "' is a directory");
+  detail::require_regular_file(path, "plan file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error("cannot open plan file '" + path + "'");
   std::string text;

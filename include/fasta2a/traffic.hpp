@@ -9,9 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
-#include <system_error>
 #include <type_traits>
 #include <limits>
 #include <numbers>
@@ -80,13 +78,10 @@ inline bytes_t check_traffic(const traffic_view& m, rank_t n) {
 
 namespace detail {
 
-/// Opens a trace file for reading, refusing what is not a regular file (a directory opens on some
-/// systems and then reads as garbage or "out of memory").
+/// Opens a trace file for reading, refusing what is not a regular file before it is opened: a
+/// FIFO would block in the open itself (require_regular_file says what else it refuses and why).
 inline std::ifstream open_trace_file(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::is_directory(status))
-    throw error("trace file '" + path + "' is a directory, not a file of counts");
+  require_regular_file(path, "trace file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw error("cannot open trace file '" + path + "'");
@@ -263,8 +258,10 @@ inline void check_trace_matrix(const traffic_matrix& m, rank_t n, const std::str
 /// Number of whole n x n matrices in a trace file of whitespace-separated non-negative decimal
 /// integers (row-major, matrices one after another). Validates the whole file: throws
 /// fasta2a::error naming the path (and line and token where there is one) if the file is missing
-/// or unreadable, empty, holds a token that is not a non-negative decimal integer or does not fit
-/// in 64 bits, or holds a count of numbers that is not a multiple of n*n; also if n <= 0.
+/// or unreadable, is not a regular file (a directory, a FIFO, a device: refused before it is
+/// opened, since opening a FIFO blocks until a writer comes), is empty, holds a token that is not
+/// a non-negative decimal integer or does not fit in 64 bits, or holds a count of numbers that is
+/// not a multiple of n*n; also if n <= 0.
 inline std::size_t count_matrices(const std::string& path, rank_t n) {
   return detail::scan_trace(path, n, [](std::size_t, bytes_t, std::size_t) {});
 }
