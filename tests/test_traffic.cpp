@@ -246,10 +246,13 @@ TEST_CASE("traffic.read.not_a_regular_file") {
   std::filesystem::create_directory(subdir);
   const std::pair<std::string, std::string> inputs[] = {
       {fifo, "a FIFO"}, {"/dev/null", "a character device"}, {subdir, "a directory"}};
-  for (const auto& [path, kind] : inputs)
+  for (const auto& input : inputs)
     for (auto f : {+[](const std::string& p) { fasta2a::count_matrices(p, 2); },
                    +[](const std::string& p) { fasta2a::read_matrix(p, 2); },
                    +[](const std::string& p) { fasta2a::read_trace(p, 2); }}) {
+      // Named copies, not structured bindings: clang 14 cannot capture those in a lambda.
+      const std::string& path = input.first;
+      const std::string& kind = input.second;
       CAPTURE(path);
       CHECK(fasta2a::testing::error_reading_promptly(path, [&] { f(path); }) ==
             "trace file '" + path + "' is " + kind + ", not a regular file");
