@@ -4,7 +4,7 @@
     python3 -m torch.distributed.run --standalone --redirects 2 --tee 2 --nproc_per_node 4 torch_stop.py --victim 3
 
 The victim stops itself just before an all_to_all_single that every other rank makes; the rank
-after it, once it has raised, wakes the victim with SIGCONT, whose call then fails too (the group's
+after it, once it has raised and the others have had their time to, wakes the victim with SIGCONT, whose call then fails too (the group's
 bootstrap is gone) and every process exits. Rank 0 prints each survivor's time to raise.
 """
 
@@ -44,6 +44,10 @@ except RuntimeError as e:
     error = str(e)
 took = time.monotonic() - t0
 if rank == (victim + 1) % n:
+    # Not before every survivor has had its time to raise: a victim woken earlier may finish the
+    # counts exchange with a survivor still waiting in it (the blobs were in its sockets), which
+    # then waits for the victim's signals instead (seen once in CI: 11.5 s with a 5 s timeout).
+    time.sleep(max(0.0, args.timeout + 2.5 - (time.monotonic() - t0)))
     os.kill(pids[victim], signal.SIGCONT)
 
 ok = True
