@@ -111,19 +111,21 @@ child spawn(const std::function<void()>& body) {
   return c;
 }
 
-/// Reads every child's report, waiting at most `limit`; kills (by pid) and reaps those still
-/// running then.
-void collect(std::vector<child>& cs, std::chrono::milliseconds limit) {
+/// Reads every child's report, waiting at most `limit` (and no longer once every child but
+/// `stopped` has reported); kills (by pid) and reaps those still running then.
+void collect(std::vector<child>& cs, std::chrono::milliseconds limit, std::size_t stopped = SIZE_MAX) {
   const auto deadline = clock_type::now() + limit;
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<child*> who;
-    for (auto& c : cs)
-      if (!c.finished) {
-        fds.push_back({c.out, POLLIN, 0});
-        who.push_back(&c);
+    bool others = false;
+    for (std::size_t k = 0; k < cs.size(); ++k)
+      if (!cs[k].finished) {
+        fds.push_back({cs[k].out, POLLIN, 0});
+        who.push_back(&cs[k]);
+        others = others || k != stopped;
       }
-    if (fds.empty() || clock_type::now() >= deadline) break;
+    if (fds.empty() || !others || clock_type::now() >= deadline) break;
     ::poll(fds.data(), fds.size(), 50);
     for (std::size_t i = 0; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
@@ -454,10 +456,30 @@ TEST_CASE("tcp_bootstrap.process.ranks_that_never_arrive_are_named_by_the_root_a
   INFO(cs[0].text);
   CHECK(cs[0].text.find("ranks 1, 3 of 4 did not arrive within 2 s") != std::string::npos);
   CHECK(cs[0].seconds >= 1.9);
-  check_in_time(cs[0], 2 + slack_s);
+  check_in_time(cs[0], 2 + 1 + slack_s); // the timeout, then the grace for late ranks
   INFO(cs[1].text);
   CHECK(cs[1].text.find("gave up: ranks 1, 3 of 4 did not arrive") != std::string::npos);
-  check_in_time(cs[1], 2 + slack_s);
+  check_in_time(cs[1], 2 + slack_s); // told at once, not after the root's grace
+}
+
+TEST_CASE("tcp_bootstrap.process.a_rank_arriving_after_the_root_gave_up_is_told_why_and_when") {
+  // Rank 1 starts 0.5 s after the root gave up on it: within the root's grace it hears the
+  // verdict, how long before it the root gave up, and at what time (not "Connection refused").
+  root_port rp;
+  std::vector<child> cs;
+  cs.push_back(spawn([&] { tcp_bootstrap b(rp.listener, opts(0, 2, 0, timeout)); }));
+  cs.push_back(spawn([&] {
+    std::this_thread::sleep_for(timeout + 500ms);
+    tcp_bootstrap b(opts(1, 2, rp.port(), timeout));
+  }));
+  collect(cs, 20s);
+  INFO(cs[0].text);
+  CHECK(cs[0].text.find("rank 1 of 2 did not arrive within 2 s") != std::string::npos);
+  INFO(cs[1].text);
+  CHECK(cs[1].text.find("gave up: it had given up 0.") != std::string::npos);
+  CHECK(cs[1].text.find(" s before this rank arrived (at ") != std::string::npos);
+  CHECK(cs[1].text.find("UTC): rank 1 of 2 did not arrive within 2 s") != std::string::npos);
+  check_in_time(cs[1], 2.5 + slack_s);
 }
 
 // ---- allgather failures between processes ------------------------------------------------------
@@ -466,9 +488,13 @@ namespace {
 
 constexpr auto gather_timeout = 3000ms; // grace 1.5 s
 
-/// Three processes start a bootstrap and do one good allgather; then rank `odd` exits, or sleeps
-/// past the timeout and the grace, while the others start a second allgather (the step timed).
-std::vector<child> fail_in_allgather(rank_t odd, bool dies) {
+/// How the odd rank fails: it exits, sleeps (alive, elsewhere) or stops (SIGSTOP).
+enum class odd_rank { dies, sleeps, stops };
+
+/// Three processes start a bootstrap and do one good allgather; then rank `odd` exits, sleeps past
+/// the timeout and the grace, or stops itself, while the others start a second allgather (the step
+/// timed).
+std::vector<child> fail_in_allgather(rank_t odd, odd_rank how) {
   root_port rp;
   std::vector<child> cs;
   for (rank_t r = 0; r < 3; ++r)
@@ -478,21 +504,22 @@ std::vector<child> fail_in_allgather(rank_t odd, bool dies) {
       std::vector<std::byte> m(100, static_cast<std::byte>(r)), a(300);
       b.allgather(m, a);
       if (r == odd) {
-        if (dies) ::_exit(3); // gone without a word, mid-collective for the others
+        if (how == odd_rank::dies) ::_exit(3); // gone without a word, mid-collective for the others
+        if (how == odd_rank::stops) ::raise(SIGSTOP); // killed by collect
         std::this_thread::sleep_for(gather_timeout * 2);
         return;
       }
       step_start = clock_type::now();
       b.allgather(m, a);
     }));
-  collect(cs, 30s);
+  collect(cs, 30s, how == odd_rank::stops ? static_cast<std::size_t>(odd) : SIZE_MAX);
   return cs;
 }
 
 } // namespace
 
 TEST_CASE("tcp_bootstrap.process.a_rank_that_dies_mid_allgather_is_named_on_every_rank_at_once") {
-  auto cs = fail_in_allgather(2, true);
+  auto cs = fail_in_allgather(2, odd_rank::dies);
   for (rank_t r : {0, 1}) {
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
@@ -503,19 +530,20 @@ TEST_CASE("tcp_bootstrap.process.a_rank_that_dies_mid_allgather_is_named_on_ever
 }
 
 TEST_CASE("tcp_bootstrap.process.a_rank_that_stops_mid_allgather_is_named_within_the_timeout") {
-  auto cs = fail_in_allgather(1, false);
+  auto cs = fail_in_allgather(1, odd_rank::sleeps);
   for (rank_t r : {0, 2}) {
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
     CHECK(c.text.find("allgather #2: rank 1 (") != std::string::npos);
     CHECK(c.text.find("did not send its blob within 3 s") != std::string::npos);
+    CHECK(c.text.find("rank 1 answers a roll call (alive, waiting elsewhere)") != std::string::npos); // not blamed as dead
     CHECK(c.seconds >= 2.9);
     check_in_time(c, 3 + slack_s);
   }
 }
 
 TEST_CASE("tcp_bootstrap.process.a_root_that_dies_mid_allgather_is_named") {
-  auto cs = fail_in_allgather(0, true);
+  auto cs = fail_in_allgather(0, odd_rank::dies);
   for (rank_t r : {1, 2}) {
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
@@ -526,7 +554,7 @@ TEST_CASE("tcp_bootstrap.process.a_root_that_dies_mid_allgather_is_named") {
 }
 
 TEST_CASE("tcp_bootstrap.process.a_root_that_stops_mid_allgather_is_named_after_timeout_and_grace") {
-  auto cs = fail_in_allgather(0, false);
+  auto cs = fail_in_allgather(0, odd_rank::sleeps);
   for (rank_t r : {1, 2}) {
     const child& c = cs[static_cast<std::size_t>(r)];
     INFO(c.text);
@@ -535,4 +563,130 @@ TEST_CASE("tcp_bootstrap.process.a_root_that_stops_mid_allgather_is_named_after_
     CHECK(c.seconds >= 4.4);
     check_in_time(c, 4.5 + slack_s);
   }
+}
+
+TEST_CASE("tcp_bootstrap.process.a_rank_stopped_mid_allgather_is_named_by_a_roll_call") {
+  auto cs = fail_in_allgather(1, odd_rank::stops);
+  for (rank_t r : {0, 2}) {
+    const child& c = cs[static_cast<std::size_t>(r)];
+    INFO(c.text);
+    CHECK(c.text.find("allgather #2: rank 1 (") != std::string::npos);
+    CHECK(c.text.find("rank 1 does not answer a roll call (stopped, dead or unreachable)") != std::string::npos);
+    CHECK(c.seconds >= 2.9);
+    check_in_time(c, 3 + 0.75 + slack_s); // the timeout, then a roll call of at most grace / 2
+  }
+}
+
+TEST_CASE("tcp_bootstrap.process.a_root_stopped_mid_allgather_is_named_by_a_roll_call_before_the_grace") {
+  auto cs = fail_in_allgather(0, odd_rank::stops);
+  for (rank_t r : {1, 2}) {
+    const child& c = cs[static_cast<std::size_t>(r)];
+    INFO(c.text);
+    CHECK(c.text.find("the root (rank 0 at 127.0.0.1:") != std::string::npos);
+    CHECK(c.text.find("did not answer allgather #2 within 3 s, and rank 0 does not answer a roll call") != std::string::npos);
+    CHECK(c.seconds >= 2.9);
+    check_in_time(c, 3 + 0.75 + slack_s); // not the 4.5 s of timeout and grace a live root gets
+  }
+}
+
+TEST_CASE("tcp_bootstrap.process.a_roll_call_names_exactly_the_stopped_and_dead_ranks") {
+  // Five ranks; after two allgathers (and a roll call that names none) rank 2 stops and rank 4
+  // exits: every survivor's roll call names exactly those two, after its whole second.
+  root_port rp;
+  std::vector<child> cs;
+  for (rank_t r = 0; r < 5; ++r)
+    cs.push_back(spawn([&, r] {
+      tcp_bootstrap b = r == 0 ? tcp_bootstrap(rp.listener, opts(0, 5, 0, 5s)) : tcp_bootstrap(opts(r, 5, rp.port(), 5s));
+      std::vector<std::byte> m(8, static_cast<std::byte>(r)), a(40);
+      b.allgather(m, a);
+      const auto all_here = b.roll_call(2s);
+      if (!all_here || !all_here->empty()) throw error("before: the roll call named ranks");
+      b.allgather(m, a); // every rank's first roll call is over
+      if (r == 2) ::raise(SIGSTOP); // killed by collect
+      if (r == 4) ::_exit(0);
+      std::this_thread::sleep_for(500ms); // rank 2 stopped, rank 4 gone
+      const auto t0 = clock_type::now();
+      const auto missing = b.roll_call(1s);
+      const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (!missing) throw error("no roll call");
+      std::string names;
+      for (rank_t k : *missing) names += std::to_string(k) + " ";
+      if (names != "2 4 ") throw error("the roll call named '" + names + "'");
+      if (took < 0.9) throw error("the roll call ended before its second: " + std::to_string(took));
+      const std::string clause = b.roll_call_clause();
+      if (clause.find("; ranks 2, 4 do not answer a roll call (stopped, dead or unreachable)") == std::string::npos)
+        throw error("the clause: " + clause);
+    }));
+  collect(cs, 20s, 2);
+  for (rank_t r : {0, 1, 3}) {
+    const child& c = cs[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << c.text);
+    CHECK(c.text == "ok");
+  }
+}
+
+TEST_CASE("tcp_bootstrap.threads.a_roll_call_of_ranks_that_are_all_there_names_none") {
+  for (rank_t n : {2, 3, 5, 16}) {
+    CAPTURE(n);
+    const auto errors = on_threads(n, [&](tcp_bootstrap& b) {
+      for (int k = 0; k < 3; ++k) { // while the others ask too, and between allgathers
+        const auto missing = b.roll_call(5s);
+        if (!missing) throw error("no roll call could be held");
+        if (!missing->empty()) throw error("rank " + std::to_string((*missing)[0]) + " did not answer");
+        b.allgather({}, {});
+      }
+      const std::string clause = b.roll_call_clause();
+      b.allgather({}, {}); // no rank goes (and stops answering) before every rank's last roll call
+      if (clause.find("every rank answers a roll call") == std::string::npos) throw error("the clause: " + clause);
+    });
+    for (rank_t r = 0; r < n; ++r) {
+      INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+      CHECK(errors[static_cast<std::size_t>(r)].empty());
+    }
+  }
+}
+
+TEST_CASE("tcp_bootstrap.roll_call.only_the_jobs_ranks_get_an_answer") {
+  // A responder for rank 1 of a job; askers as rank 0 with the right secret and job id, another
+  // secret, another job id; and a stranger's raw datagrams, which get nothing back.
+  sockaddr_storage lo{};
+  auto& lo4 = reinterpret_cast<sockaddr_in&>(lo);
+  lo4.sin_family = AF_INET;
+  lo4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  detail::tcp_roll_call here(job_secret, "job-a", 1, lo);
+  REQUIRE(here.address()[0] == std::byte{4});
+  const auto asks = [&](const std::string& secret, const std::string& job) {
+    detail::tcp_roll_call asker(secret, job, 0, lo);
+    std::vector<std::byte> table(asker.address().begin(), asker.address().end());
+    table.insert(table.end(), here.address().begin(), here.address().end());
+    asker.set_peers(table);
+    const std::vector<rank_t> one{1};
+    const auto missing = asker.missing(one, 500ms);
+    REQUIRE(missing.has_value());
+    return missing->empty();
+  };
+  CHECK(asks(job_secret, "job-a"));
+  CHECK_FALSE(asks("another-secret-of-16-bytes-or-more", "job-a"));
+  CHECK_FALSE(asks(job_secret, "job-b"));
+  // Raw datagrams: garbage, a question with a wrong proof, one for another rank: no answer.
+  detail::tcp_fd u(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  socklen_t len = 0;
+  const sockaddr_storage to = detail::tcp_roll_decode(here.address(), len);
+  std::mt19937_64 rng(50);
+  for (int k = 0; k < 64; ++k) {
+    std::vector<std::byte> d(k % 4 == 0 ? detail::tcp_roll_bytes : rng() % 200);
+    for (auto& b : d) b = static_cast<std::byte>(rng());
+    if (d.size() == detail::tcp_roll_bytes) { // well formed but unproven: ping, version, asker 0, rank 1 or 2
+      d.clear();
+      detail::tcp_put(d, detail::tcp_magic_ping, 4);
+      detail::tcp_put(d, detail::tcp_version, 4);
+      detail::tcp_put(d, 0, 4);
+      detail::tcp_put(d, k % 8 == 0 ? 1 : 2, 4);
+      while (d.size() < detail::tcp_roll_bytes) d.push_back(static_cast<std::byte>(rng()));
+    }
+    ::sendto(u.get(), d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to), len);
+  }
+  pollfd p{u.get(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 300) == 0); // nothing came back
+  CHECK(asks(job_secret, "job-a")); // and it still answers the job
 }

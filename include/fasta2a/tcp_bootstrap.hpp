@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <future>
 #include <memory>
 #include <optional>
@@ -48,6 +49,8 @@
 #include <vector>
 
 #include "fasta2a/common.hpp"
+#include "fasta2a/tcp_roll_call.hpp"
+#include "fasta2a/tcp_wire.hpp"
 #include "fasta2a/transport.hpp"
 
 namespace fasta2a {
@@ -96,214 +99,6 @@ struct tcp_bootstrap_options {
 };
 
 namespace detail {
-
-/// A socket descriptor, closed when it goes.
-class tcp_fd {
-public:
-  tcp_fd() noexcept = default;
-  explicit tcp_fd(int fd) noexcept : fd_(fd) {}
-  tcp_fd(tcp_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  tcp_fd& operator=(tcp_fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  tcp_fd(const tcp_fd&) = delete;
-  tcp_fd& operator=(const tcp_fd&) = delete;
-  ~tcp_fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
-private:
-  int fd_ = -1;
-};
-
-using tcp_clock = std::chrono::steady_clock;
-
-inline std::string errno_text(int e) { return std::string(std::strerror(e)); }
-
-inline void tcp_nonblocking(int fd) {
-  const int fl = ::fcntl(fd, F_GETFL, 0);
-  if (fl < 0 || ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-    throw error("tcp_bootstrap: fcntl(O_NONBLOCK) failed: " + errno_text(errno));
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); // not fatal where it fails
-}
-
-/// Milliseconds left until `deadline` for poll(): at least 0, at most 1000 (so that callers
-/// re-check their state now and then).
-inline int tcp_poll_ms(tcp_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - tcp_clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left + 1, 0, 1000));
-}
-
-inline std::string tcp_seconds(std::chrono::milliseconds t) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(t.count()) / 1000.0);
-  return std::string(buf) + " s";
-}
-
-inline std::string tcp_peer_address(int fd) {
-  sockaddr_storage a{};
-  socklen_t len = sizeof a;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
-  char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, serv, sizeof serv,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "?";
-  std::string h = host;
-  if (h.starts_with("::ffff:")) h = h.substr(7); // an IPv4 peer of a dual-stack listener
-  return h + ":" + serv;
-}
-
-/// This process as peers name it in errors: "hostname (pid N)".
-inline std::string tcp_self_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
-  return std::string(host) + " (pid " + std::to_string(::getpid()) + ")";
-}
-
-// Fixed-width little-endian fields of the wire format.
-inline void tcp_put(std::vector<std::byte>& out, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
-}
-inline std::uint64_t tcp_get(const std::byte* p, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(std::to_integer<unsigned>(p[i])) << (8 * i);
-  return v;
-}
-
-/// Outcome of one non-blocking step on a socket.
-enum class tcp_io { progress, would_block, closed };
-
-/// Sends what it can of out[done..]; `err` gets errno on failure (closed).
-inline tcp_io tcp_send_some(int fd, std::span<const std::byte> out, std::size_t& done, int& err) {
-  while (done < out.size()) {
-    const ssize_t n = ::send(fd, out.data() + done, out.size() - done, MSG_NOSIGNAL);
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return tcp_io::would_block;
-    err = n < 0 ? errno : 0;
-    return tcp_io::closed;
-  }
-  return tcp_io::progress;
-}
-
-/// Receives what it can into in[done..]; closed on end of stream or an error (`err`: errno or 0).
-inline tcp_io tcp_recv_some(int fd, std::span<std::byte> in, std::size_t& done, int& err) {
-  while (done < in.size()) {
-    const ssize_t n = ::recv(fd, in.data() + done, in.size() - done, 0);
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return tcp_io::would_block;
-    err = n < 0 ? errno : 0;
-    return tcp_io::closed;
-  }
-  return tcp_io::progress;
-}
-
-/// Sends all of `out` by `deadline`; false if the peer went away or the deadline passed.
-inline bool tcp_send_all(int fd, std::span<const std::byte> out, tcp_clock::time_point deadline) {
-  std::size_t done = 0;
-  int err = 0;
-  for (;;) {
-    const tcp_io r = tcp_send_some(fd, out, done, err);
-    if (r == tcp_io::progress) return true;
-    if (r == tcp_io::closed || tcp_clock::now() >= deadline) return false;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, tcp_poll_ms(deadline));
-  }
-}
-
-inline constexpr std::uint32_t tcp_magic_hello = 0x42324146;     // "FA2B"
-inline constexpr std::uint32_t tcp_magic_challenge = 0x43324146; // "FA2C"
-inline constexpr std::uint32_t tcp_magic_claim = 0x4b324146;     // "FA2K"
-inline constexpr std::uint32_t tcp_magic_welcome = 0x57324146;   // "FA2W"
-inline constexpr std::uint32_t tcp_magic_gather = 0x47324146;    // "FA2G"
-inline constexpr std::uint32_t tcp_magic_result = 0x52324146;    // "FA2R"
-/// 2: the authenticated handshake (hello with a nonce, challenge, claim). 1 had no proof.
-inline constexpr std::uint32_t tcp_version = 2;
-inline constexpr std::size_t tcp_nonce_bytes = 32;
-inline constexpr std::size_t tcp_mac_bytes = 32; // HMAC-SHA256
-inline constexpr std::size_t tcp_min_secret = 16;
-/// hello: magic(4) version(4) nonce(32)
-inline constexpr std::size_t tcp_hello_bytes = 8 + tcp_nonce_bytes;
-/// challenge: magic(4) version(4) nonce(32) mac(32)
-inline constexpr std::size_t tcp_challenge_bytes = 8 + tcp_nonce_bytes + tcp_mac_bytes;
-/// claim: magic(4) rank(4) size(4) name length(2), then the name and the mac(32)
-inline constexpr std::size_t tcp_claim_prefix = 14;
-inline constexpr std::size_t tcp_max_name = 255;
-inline constexpr std::size_t tcp_max_message = 1 << 16;
-inline constexpr std::size_t tcp_gather_header = 24; // magic, status, call, length
-
-using tcp_nonce = std::array<std::byte, tcp_nonce_bytes>;
-using tcp_mac = std::array<std::byte, tcp_mac_bytes>;
-
-/// Fresh random bytes from OpenSSL's generator.
-inline tcp_nonce tcp_random_nonce() {
-  tcp_nonce n{};
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
-    throw error("tcp_bootstrap: OpenSSL's RAND_bytes failed: no random nonce");
-  return n;
-}
-
-/// The handshake's message authentication code: HMAC-SHA256 under the job secret of a label (who
-/// proves: "root" or "rank", so that one side's answer never passes for the other's), the two
-/// nonces (the prover's peer's first), the job id and `fields`. Without a secret the key is a
-/// fixed string: the handshake then checks only that both sides speak it and agree on the job id.
-inline tcp_mac tcp_prove(const std::string& secret, std::string_view label, const tcp_nonce& first, const tcp_nonce& second,
-                         const std::string& job_id, std::span<const std::byte> fields) {
-  std::vector<std::byte> msg;
-  for (char c : label) msg.push_back(static_cast<std::byte>(c));
-  msg.push_back(std::byte{0});
-  msg.insert(msg.end(), first.begin(), first.end());
-  msg.insert(msg.end(), second.begin(), second.end());
-  tcp_put(msg, job_id.size(), 4);
-  for (char c : job_id) msg.push_back(static_cast<std::byte>(c));
-  msg.insert(msg.end(), fields.begin(), fields.end());
-  static constexpr std::string_view no_secret = "fasta2a tcp_bootstrap without a job secret";
-  const std::string_view key = secret.empty() ? no_secret : std::string_view(secret);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
-           msg.size(), md, &len) == nullptr ||
-      len != tcp_mac_bytes)
-    throw error("tcp_bootstrap: OpenSSL's HMAC-SHA256 failed");
-  tcp_mac m{};
-  std::memcpy(m.data(), md, m.size());
-  return m;
-}
-
-/// Equal MACs, compared in constant time.
-inline bool tcp_mac_equal(const std::byte* a, const tcp_mac& b) { return CRYPTO_memcmp(a, b.data(), b.size()) == 0; }
-
-/// Whether `host` names this machine's loopback (localhost, 127.0.0.0/8, ::1): only processes of
-/// this machine can reach a socket there. Names other than "localhost" are not looked up.
-inline bool tcp_is_loopback(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host == "localhost" || host == "ip6-localhost" || host == "localhost6") return true;
-  const std::string h(host);
-  in_addr a4{};
-  if (::inet_pton(AF_INET, h.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
-  in6_addr a6{};
-  if (::inet_pton(AF_INET6, h.c_str(), &a6) == 1) {
-    if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
-    if (IN6_IS_ADDR_V4MAPPED(&a6)) return a6.s6_addr[12] == 127;
-  }
-  return false;
-}
 
 /// A verdict sent by the root: magic, status (0 ok, 1 error), message length, message.
 inline std::vector<std::byte> tcp_verdict(std::uint32_t magic, const std::string& failure) {
@@ -757,13 +552,17 @@ public:
     } else if (opt_.rank != 0) {
       start_peer();
     }
+    if (opt_.size > 1) start_roll_call();
   }
   /// Rank 0 with a listener bound beforehand (its port given to the others); `opt.rank` must be 0.
   tcp_bootstrap(tcp_listener& listener, const tcp_bootstrap_options& opt) : opt_(opt) {
     check_options();
     if (opt_.rank != 0)
       throw error("tcp_bootstrap: a listener is rank 0's, but this rank is " + std::to_string(opt_.rank));
-    if (opt_.size > 1) start_root(listener);
+    if (opt_.size > 1) {
+      start_root(listener);
+      start_roll_call();
+    }
   }
   /// From the environment (tcp_bootstrap_options::from_env()).
   static tcp_bootstrap from_env() { return tcp_bootstrap(tcp_bootstrap_options::from_env()); }
@@ -776,6 +575,32 @@ public:
   /// "host:port" of rank 0, as this rank reached it (rank 0: the port it listens on).
   const std::string& root() const noexcept { return root_name_; }
   const tcp_bootstrap_options& options() const noexcept { return opt_; }
+
+  /// A roll call, for a rank that waited for a peer past its timeout (the engine names the peer it
+  /// waited for, which may itself wait for a rank that stopped): the job's ranks that do not
+  /// answer within `within`, in rank order. Every rank answers from a thread of its own, whatever
+  /// it is doing, so the ranks named are stopped (SIGSTOP), dead or unreachable, not waiting
+  /// elsewhere. std::nullopt where none could be held (a world of one, no UDP socket). Only the
+  /// job's ranks can ask or answer (detail::tcp_roll_call). Usable after a failure too.
+  std::optional<std::vector<rank_t>> roll_call(std::chrono::milliseconds within = std::chrono::seconds(1)) const {
+    if (!roll_) return std::nullopt;
+    std::vector<rank_t> all;
+    for (rank_t r = 0; r < opt_.size; ++r)
+      if (r != opt_.rank) all.push_back(r);
+    return roll_->missing(all, within);
+  }
+  /// roll_call() as a clause to append to a timeout's message: "; rank 3 does not answer a roll
+  /// call (stopped, dead or unreachable)", "; every rank answers a roll call (...)", or "" where
+  /// none could be held. At most a second, and at most the timeout.
+  std::string roll_call_clause() const {
+    const auto missing = roll_call(std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::seconds(1)));
+    if (!missing) return {};
+    if (missing->empty())
+      return "; every rank answers a roll call (none is stopped or dead: a rank waits elsewhere, e.g. in another "
+             "collective, or was given other options)";
+    return std::string("; rank") + (missing->size() == 1 ? " " : "s ") + detail::tcp_rank_list(*missing) +
+           (missing->size() == 1 ? " does" : " do") + " not answer a roll call (stopped, dead or unreachable)";
+  }
 
   /// Every rank's `mine` in rank order into `all` (size() * mine.size() bytes). Collective; calls
   /// are numbered, so a rank one call ahead or behind is an error, not a mix-up.
@@ -901,6 +726,79 @@ private:
     return "the limit of open files (ulimit -n: soft " + v(rl.rlim_cur) + ", hard " + v(rl.rlim_max) + ")";
   }
 
+  /// Rank 0's connections in the handshake, and what accepting them ran into.
+  struct admission {
+    std::vector<pending> waiting;
+    clock::time_point accept_again{}; // after EMFILE: accept again from then (no spinning)
+    std::string fd_trouble;           // the last EMFILE/ENFILE, with the limit, for the failure
+  };
+
+  /// One round of rank 0's start-up: waits until a connection arrives or a handshake can go on (at
+  /// most until `until`), accepts, moves every handshake on, drops the connections that fail or
+  /// idle (logged), and hands each claim whose proof checks to `claimed(member, rank, size)`.
+  template <class Claimed>
+  void admit(tcp_listener& l, admission& a, clock::time_point until, std::size_t members, Claimed&& claimed) {
+    const auto drop = [&](std::size_t i, const std::string& why) {
+      log_drop(a.waiting[i].addr, why);
+      a.waiting.erase(a.waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    };
+    const bool accepting = clock::now() >= a.accept_again;
+    std::vector<pollfd> fds{{accepting ? l.fd() : -1, POLLIN, 0}};
+    for (auto& p : a.waiting) fds.push_back({p.fd.get(), static_cast<short>(POLLIN | (p.hs.sent() < p.hs.out().size() ? POLLOUT : 0)), 0});
+    ::poll(fds.data(), fds.size(), accepting ? detail::tcp_poll_ms(until) : 50);
+    if (accepting && (fds[0].revents & POLLIN))
+      for (;;) {
+        const int c = ::accept4(l.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) {
+          if (errno == EMFILE || errno == ENFILE) { // stop accepting a while: no spinning
+            a.accept_again = clock::now() + std::chrono::milliseconds(100);
+            if (a.fd_trouble.empty())
+              std::fprintf(stderr, "fasta2a: tcp_bootstrap: rank 0: cannot accept a connection: %s: %s\n",
+                           detail::errno_text(errno).c_str(), file_limit_text().c_str());
+            a.fd_trouble = detail::errno_text(errno) + " (" + file_limit_text() + "; " +
+                           std::to_string(members + a.waiting.size()) + " connections open)";
+          }
+          break;
+        }
+        pending p{detail::tcp_fd(c), detail::tcp_peer_address(c), clock::now() + handshake_limit(),
+                  detail::tcp_root_handshake(opt_.secret, opt_.job_id)};
+        detail::tcp_nonblocking(c);
+        if (a.waiting.size() >= max_pending) drop(0, "too many connections in the handshake at once");
+        a.waiting.push_back(std::move(p));
+      }
+    for (std::size_t i = 0; i < a.waiting.size();) {
+      pending& p = a.waiting[i];
+      detail::tcp_root_handshake& hs = p.hs;
+      int err = 0;
+      if (hs.sent() < hs.out().size() && detail::tcp_send_some(p.fd.get(), hs.out(), hs.sent(), err) == detail::tcp_io::closed) {
+        drop(i, "it closed the connection in the handshake");
+        continue;
+      }
+      std::size_t got = 0;
+      const std::span<std::byte> want = hs.want();
+      const detail::tcp_io r = detail::tcp_recv_some(p.fd.get(), want, got, err);
+      const auto st = hs.received(got);
+      if (st == detail::tcp_root_handshake::state::dropped) {
+        if (hs.sent() < hs.out().size()) // a refusal it may read (another protocol version)
+          detail::tcp_send_all(p.fd.get(), hs.out(), clock::now() + std::chrono::milliseconds(200));
+        drop(i, hs.why());
+        continue;
+      }
+      if (st == detail::tcp_root_handshake::state::reading) {
+        if (r == detail::tcp_io::closed) drop(i, "it closed the connection in the handshake");
+        else if (got > 0) continue; // more may be there, and a challenge to send (same index)
+        else if (clock::now() >= p.until) drop(i, "it did not complete the handshake within " + detail::tcp_seconds(handshake_limit()));
+        else ++i;
+        continue;
+      }
+      // A claim whose proof checks.
+      const std::int32_t rank = hs.rank(), size = hs.size();
+      member m{std::move(p.fd), detail::printable(hs.name()) + " at " + p.addr};
+      a.waiting.erase(a.waiting.begin() + static_cast<std::ptrdiff_t>(i));
+      claimed(std::move(m), rank, size);
+    }
+  }
+
   void start_root(tcp_listener& l) {
     root_name_ = "port " + std::to_string(l.port());
     if (!l.loopback_only()) require_secret("rank 0 listens on " + (l.address().empty() ? std::string("every address") : l.address()));
@@ -909,70 +807,12 @@ private:
     const std::size_t n = static_cast<std::size_t>(opt_.size);
     members_.resize(n);
     members_[0].name = detail::tcp_self_name();
-    std::vector<pending> waiting;
+    admission a;
     std::vector<member> refused; // proven members whose claim fails the job: told why
-    std::string failure, fd_trouble;
+    std::string failure;
     std::size_t arrived = 0;
-    clock::time_point accept_again{};
-    const auto drop = [&](std::size_t i, const std::string& why) {
-      log_drop(waiting[i].addr, why);
-      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
-    };
-    while (arrived + refused.size() < n - 1 && clock::now() < deadline) {
-      const auto now = clock::now();
-      const bool accepting = now >= accept_again;
-      std::vector<pollfd> fds{{accepting ? l.fd() : -1, POLLIN, 0}};
-      for (auto& p : waiting) fds.push_back({p.fd.get(), static_cast<short>(POLLIN | (p.hs.sent() < p.hs.out().size() ? POLLOUT : 0)), 0});
-      ::poll(fds.data(), fds.size(), accepting ? detail::tcp_poll_ms(deadline) : 50);
-      if (accepting && (fds[0].revents & POLLIN))
-        for (;;) {
-          const int c = ::accept4(l.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-          if (c < 0) {
-            if (errno == EMFILE || errno == ENFILE) { // stop accepting a while: no spinning
-              accept_again = clock::now() + std::chrono::milliseconds(100);
-              if (fd_trouble.empty())
-                std::fprintf(stderr, "fasta2a: tcp_bootstrap: rank 0: cannot accept a connection: %s: %s\n",
-                             detail::errno_text(errno).c_str(), file_limit_text().c_str());
-              fd_trouble = detail::errno_text(errno) + " (" + file_limit_text() + "; " +
-                           std::to_string(arrived + waiting.size()) + " connections open)";
-            }
-            break;
-          }
-          pending p{detail::tcp_fd(c), detail::tcp_peer_address(c), clock::now() + handshake_limit(),
-                    detail::tcp_root_handshake(opt_.secret, opt_.job_id)};
-          detail::tcp_nonblocking(c);
-          if (waiting.size() >= max_pending) drop(0, "too many connections in the handshake at once");
-          waiting.push_back(std::move(p));
-        }
-      for (std::size_t i = 0; i < waiting.size();) {
-        pending& p = waiting[i];
-        detail::tcp_root_handshake& hs = p.hs;
-        int err = 0;
-        if (hs.sent() < hs.out().size() && detail::tcp_send_some(p.fd.get(), hs.out(), hs.sent(), err) == detail::tcp_io::closed) {
-          drop(i, "it closed the connection in the handshake");
-          continue;
-        }
-        std::size_t got = 0;
-        const std::span<std::byte> want = hs.want();
-        const detail::tcp_io r = detail::tcp_recv_some(p.fd.get(), want, got, err);
-        const auto st = hs.received(got);
-        if (st == detail::tcp_root_handshake::state::dropped) {
-          if (hs.sent() < hs.out().size()) // a refusal it may read (another protocol version)
-            detail::tcp_send_all(p.fd.get(), hs.out(), clock::now() + std::chrono::milliseconds(200));
-          drop(i, hs.why());
-          continue;
-        }
-        if (st == detail::tcp_root_handshake::state::reading) {
-          if (r == detail::tcp_io::closed) drop(i, "it closed the connection in the handshake");
-          else if (got > 0) continue; // more may be there, and a challenge to send (same index)
-          else if (clock::now() >= p.until) drop(i, "it did not complete the handshake within " + detail::tcp_seconds(handshake_limit()));
-          else ++i;
-          continue;
-        }
-        // A claim whose proof checks.
-        const std::int32_t r_rank = hs.rank(), size_field = hs.size();
-        member m{std::move(p.fd), detail::printable(hs.name()) + " at " + p.addr};
-        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    while (arrived + refused.size() < n - 1 && clock::now() < deadline)
+      admit(l, a, deadline, arrived, [&](member m, std::int32_t r_rank, std::int32_t size_field) {
         std::string why;
         if (size_field != opt_.size)
           why = "the ranks disagree on the world size: rank " + std::to_string(r_rank) + " (" + m.name + ") says " +
@@ -990,28 +830,27 @@ private:
                                                                                     " (without a job secret such a claim cannot fail the job)"),
                                  clock::now() + std::chrono::milliseconds(200));
             log_drop(m.name, why);
-            continue;
+            return;
           }
           if (failure.empty()) failure = why;
           refused.push_back(std::move(m));
-          continue;
+          return;
         }
         members_[static_cast<std::size_t>(r_rank)] = std::move(m);
         ++arrived;
-      }
-    }
+      });
+    std::vector<char> late(n, 0); // ranks that did not arrive
     if (failure.empty() && arrived < n - 1) {
-      std::string missing;
-      std::size_t count = 0;
+      std::vector<rank_t> missing;
       for (std::size_t r = 1; r < n; ++r)
         if (!members_[r].fd) {
-          if (count < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          ++count;
+          missing.push_back(static_cast<rank_t>(r));
+          late[r] = 1;
         }
-      if (count > 16) missing += ", ... (" + std::to_string(count) + " in all)";
-      failure = (count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(n) + " did not arrive within " +
-                detail::tcp_seconds(opt_.timeout) + " (the root listens on port " + std::to_string(l.port()) + ")";
-      if (!fd_trouble.empty()) failure += "; the root could not accept every connection: " + fd_trouble;
+      failure = (missing.size() == 1 ? "rank " : "ranks ") + detail::tcp_rank_list(missing) + " of " + std::to_string(n) +
+                " did not arrive within " + detail::tcp_seconds(opt_.timeout) + " (the root listens on port " +
+                std::to_string(l.port()) + ")";
+      if (!a.fd_trouble.empty()) failure += "; the root could not accept every connection: " + a.fd_trouble;
       if (dropped_ > 0) {
         failure += "; " + std::to_string(dropped_) + " connection(s) dropped, e.g. ";
         for (std::size_t k = 0; k < dropped_reasons_.size(); ++k) failure += (k ? "; " : "") + dropped_reasons_[k];
@@ -1023,10 +862,31 @@ private:
     for (auto& m : members_)
       if (m.fd) detail::tcp_send_all(m.fd.get(), verdict, send_by);
     for (auto& m : refused) detail::tcp_send_all(m.fd.get(), verdict, send_by);
-    if (!failure.empty()) {
-      close_all();
-      throw error("tcp_bootstrap: rank 0 (the root): " + failure);
-    }
+    if (failure.empty()) return;
+    close_all();
+    if (std::find(late.begin(), late.end(), 1) != late.end()) tell_late_ranks(l, a, late, failure);
+    throw error("tcp_bootstrap: rank 0 (the root): " + failure);
+  }
+
+  /// After rank 0 gave up on ranks that did not arrive: it listens on a while (the grace, which the
+  /// ranks that arrived wait beyond the timeout anyway), so that a late rank hears why and since
+  /// when rather than "Connection refused". Each late rank that proves itself gets the verdict.
+  void tell_late_ranks(tcp_listener& l, admission& a, std::vector<char>& late, const std::string& failure) {
+    const auto gave_up = clock::now();
+    const std::time_t wall = std::time(nullptr);
+    std::tm utc{};
+    char when[32] = "?";
+    if (::gmtime_r(&wall, &utc) != nullptr) std::strftime(when, sizeof when, "%H:%M:%S UTC", &utc);
+    const auto until = gave_up + opt_.grace();
+    while (clock::now() < until && std::find(late.begin(), late.end(), 1) != late.end())
+      admit(l, a, until, 0, [&](member m, std::int32_t r, std::int32_t) {
+        const double after = std::chrono::duration<double>(clock::now() - gave_up).count();
+        char text[96];
+        std::snprintf(text, sizeof text, "it had given up %.1f s before this rank arrived (at %s): ", after, when);
+        detail::tcp_send_all(m.fd.get(), detail::tcp_verdict(detail::tcp_magic_welcome, text + failure),
+                             clock::now() + std::chrono::milliseconds(200));
+        if (r > 0 && r < opt_.size) late[static_cast<std::size_t>(r)] = 0;
+      });
   }
 
   // ---- start-up, other ranks --------------------------------------------------------------
@@ -1189,7 +1049,51 @@ private:
 
   // ---- allgather ----------------------------------------------------------------------------
 
-  std::string call_name() const { return "allgather #" + std::to_string(calls_); }
+  std::string call_name() const {
+    return calls_ == 0 ? std::string("the start's exchange of roll-call addresses") : "allgather #" + std::to_string(calls_);
+  }
+
+  // ---- the roll call --------------------------------------------------------------------------
+
+  /// After the start: this rank answers roll calls on a UDP port of the address its bootstrap
+  /// connection uses, and every rank's port is gathered (as call 0; users' calls count from 1).
+  void start_roll_call() {
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    const int fd = opt_.rank == 0 ? members_[1].fd.get() : root_fd_.get();
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) local.ss_family = AF_UNSPEC;
+    roll_ = std::make_unique<detail::tcp_roll_call>(opt_.secret, opt_.job_id, opt_.rank, local);
+    std::vector<std::byte> all(detail::tcp_roll_address_bytes * static_cast<std::size_t>(opt_.size));
+    try {
+      if (opt_.rank == 0) gather_root(roll_->address(), all);
+      else gather_peer(roll_->address(), all);
+    } catch (const error&) {
+      close_all();
+      throw;
+    }
+    roll_->set_peers(all);
+  }
+
+  /// Which of `ranks` answer a roll call within `within`: "" if there is none to hold, else a
+  /// clause naming those that do not and those that do; `*absent` says whether any does not.
+  std::string ask(const std::vector<rank_t>& ranks, std::chrono::milliseconds within, bool* absent = nullptr) const {
+    if (absent != nullptr) *absent = false;
+    if (!roll_ || roll_->ranks() == 0 || ranks.empty()) return {};
+    const auto missing = roll_->missing(ranks, within);
+    if (!missing) return {};
+    if (absent != nullptr) *absent = !missing->empty();
+    std::vector<rank_t> here;
+    for (rank_t r : ranks)
+      if (std::find(missing->begin(), missing->end(), r) == missing->end()) here.push_back(r);
+    std::string s;
+    if (!missing->empty())
+      s = std::string("rank") + (missing->size() == 1 ? " " : "s ") + detail::tcp_rank_list(*missing) +
+          (missing->size() == 1 ? " does" : " do") + " not answer a roll call (stopped, dead or unreachable)";
+    if (!here.empty())
+      s += (s.empty() ? "" : "; ") + std::string("rank") + (here.size() == 1 ? " " : "s ") + detail::tcp_rank_list(here) +
+           (here.size() == 1 ? " answers" : " answer") + " a roll call (alive, waiting elsewhere)";
+    return s;
+  }
 
   static std::vector<std::byte> gather_header(std::uint32_t magic, std::uint32_t status, std::uint64_t call, std::uint64_t len) {
     std::vector<std::byte> h;
@@ -1225,6 +1129,12 @@ private:
         for (std::size_t r = 1; r < n; ++r)
           if (!st[r].done && !st[r].stopped) late += (late.empty() ? "" : ", ") + member_name(static_cast<rank_t>(r));
         failure = call_name() + ": " + late + " did not send its blob within " + detail::tcp_seconds(opt_.timeout);
+        std::vector<rank_t> late_ranks;
+        for (std::size_t r = 1; r < n; ++r)
+          if (!st[r].done && !st[r].stopped) late_ranks.push_back(static_cast<rank_t>(r));
+        // Within the grace the others wait for this verdict beyond the timeout.
+        const std::string roll = ask(late_ranks, std::min<std::chrono::milliseconds>(opt_.grace() / 2, std::chrono::seconds(1)));
+        if (!roll.empty()) failure += " (" + roll + ")";
         break;
       }
       std::vector<pollfd> fds;
@@ -1322,7 +1232,10 @@ private:
   }
 
   void gather_peer(std::span<const std::byte> mine, std::span<std::byte> all) {
-    const auto until = clock::now() + opt_.timeout + opt_.grace();
+    const auto start = clock::now();
+    auto until = start + opt_.timeout + opt_.grace();
+    bool asked = false;  // whether the root was asked, past the timeout, whether it is there
+    std::string absent;  // the roll call's clause, where the root did not answer it
     const std::vector<std::byte> head = gather_header(detail::tcp_magic_gather, 0, calls_, mine.size());
     std::size_t sent_head = 0, sent_body = 0;
     std::vector<std::byte> reply(detail::tcp_gather_header);
@@ -1371,12 +1284,25 @@ private:
       if (io == detail::tcp_io::closed)
         throw error(who() + ": the root (rank 0 at " + root_name_ + ") closed the connection during " + what +
                     (err != 0 ? " (" + detail::errno_text(err) + ")" : "") + ": it failed or exited");
+      // Past the timeout the root gives up and says why within the grace, unless it is stopped or
+      // dead: a roll call tells which, and a root that does not answer it is named at once.
+      // (Its verdict may have come during the roll call: the loop reads once more before that.)
+      if (!absent.empty())
+        throw timeout_error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
+                            detail::tcp_seconds(opt_.timeout) + ", and " + absent);
+      if (!asked && clock::now() >= start + opt_.timeout) {
+        asked = true;
+        bool gone = false;
+        const std::string roll = ask({0}, std::min<std::chrono::milliseconds>(opt_.grace() / 2, std::chrono::seconds(1)), &gone);
+        if (gone) absent = roll;
+        continue; // it answers: its verdict follows (or the wait below ends)
+      }
       if (clock::now() >= until)
         throw timeout_error(who() + ": the root (rank 0 at " + root_name_ + ") did not answer " + what + " within " +
                     detail::tcp_seconds(std::chrono::duration_cast<std::chrono::milliseconds>(opt_.timeout + opt_.grace())) +
                     (sending ? " (it did not take this rank's blob either: is it stopped?)" : ""));
       pollfd p{root_fd_.get(), static_cast<short>(POLLIN | (sending ? POLLOUT : 0)), 0};
-      ::poll(&p, 1, detail::tcp_poll_ms(until));
+      ::poll(&p, 1, detail::tcp_poll_ms(asked ? until : std::min(until, start + opt_.timeout)));
     }
   }
 
@@ -1387,6 +1313,7 @@ private:
   std::string root_name_;
   std::uint64_t calls_ = 0;
   std::string broken_;
+  std::unique_ptr<detail::tcp_roll_call> roll_; // answers roll calls; asks them (after the start)
   // rank 0's start-up: connections dropped, the first reasons, when it last logged one
   std::uint64_t dropped_ = 0;
   std::vector<std::string> dropped_reasons_;
@@ -1394,5 +1321,20 @@ private:
 };
 
 static_assert(Bootstrap<tcp_bootstrap>);
+
+/// Runs `f()` (an engine's call over `boot`, for example) and returns what it returns; a
+/// timeout_error it throws gets `boot`'s roll call appended (tcp_bootstrap::roll_call_clause:
+/// which ranks are stopped or dead), unless its message reports one already. The engine names the
+/// peer it waited for, which may itself be waiting for the rank that stopped.
+template <class F>
+decltype(auto) with_roll_call(const tcp_bootstrap& boot, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const timeout_error& e) {
+    const std::string what = e.what();
+    if (what.find("roll call") != std::string::npos) throw;
+    throw timeout_error(what + boot.roll_call_clause());
+  }
+}
 
 } // namespace fasta2a

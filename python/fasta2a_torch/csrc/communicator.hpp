@@ -264,7 +264,8 @@ public:
   void alltoallv(std::span<const std::byte> send, const std::vector<std::uint64_t>& send_counts,
                  const std::vector<std::uint64_t>& send_displs, std::span<std::byte> recv,
                  const std::vector<std::uint64_t>& recv_counts, const std::vector<std::uint64_t>& recv_displs) {
-    engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    // A timeout names the peer waited for; the roll call adds the ranks that are not there.
+    fa::with_roll_call(*boot_, [&] { engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs); });
     const fa::call_stats& s = engine_->last_stats();
     const std::size_t stages = engine_->last_plan().stages();
     const std::size_t staging = engine_->staging_bytes();
@@ -281,12 +282,14 @@ public:
                     const std::vector<std::uint64_t>& send_displs, std::span<std::byte> recv,
                     const std::vector<std::uint64_t>& recv_counts, const std::vector<std::uint64_t>& recv_displs,
                     S stream) {
-    engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, stream);
+    fa::with_roll_call(*boot_, [&] { engine_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, stream); });
     std::lock_guard l(stats_m_);
     ++calls_;
   }
   /// Waits until every stream-ordered call has executed; raises an asynchronous error.
-  void synchronize() { engine_->synchronize(); }
+  void synchronize() {
+    fa::with_roll_call(*boot_, [&] { engine_->synchronize(); });
+  }
   /// Forgets the engine's registrations of memory containing `p` (before that memory is freed and
   /// its addresses possibly handed out again: fasta2a::engine::forget_buffer).
   void forget(const void* p) { engine_->forget_buffer(p); }
