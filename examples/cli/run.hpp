@@ -9,6 +9,7 @@
 #include <fasta2a/engine.hpp>
 #include <fasta2a/json_writer.hpp>
 #include <fasta2a/pattern.hpp>
+#include <fasta2a/planner.hpp>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -78,8 +79,9 @@ inline long double engine_counts_bytes(rank_t n) {
 /// buffers, staging (at most their send bytes again) and engine state (engine_per_rank each, and
 /// the gathered counts once) pass memory_limit_bytes().
 /// `engine_per_rank` is engine_bytes_per_rank of the decomposer used.
-inline void check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t ranks_here,
-                             long double engine_per_rank, const char* where) {
+/// Returns the bytes the check counted (buffers, staging, engine state, gathered counts).
+inline long double check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t ranks_here,
+                                    long double engine_per_rank, const char* where) {
   const long double limit = memory_limit_bytes();
   const rank_t n = static_cast<rank_t>(t.rows());
   const long double counts = engine_counts_bytes(n);
@@ -111,6 +113,53 @@ inline void check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t r
                          "about %.0Lf bytes, and %.0Lf bytes of gathered counts, which grows as ranks^2), more than "
                          "%s can hold (%.0Lf bytes): run fewer ranks or smaller messages",
                          ranks_here, all, engine_per_rank, counts, where, limit));
+  return all;
+}
+
+/// What a rank's engine holds per byte of its plan (plan::memory_bytes, what the planner's limit
+/// counts): the plan, its rank program and the planner's own copies. Calibrated on `fasta2a run
+/// --servers 2 --gpus 2 --uniform --bytes-per-rank 4M --staging-floor 0` with --staging-budget
+/// 4096, 1024 and 256: peak resident memory grew 21 times the busiest part's memory_bytes() over
+/// the 4 thread ranks, about 5 per rank.
+inline constexpr long double engine_bytes_per_plan_byte = 6;
+
+/// The plan size limit of each of `ranks_here` ranks that plan and hold their own parts of a call
+/// in one process (the host transport's thread ranks): --max-plan-bytes, or an equal share of the
+/// memory left after their buffers and engine state (`others` bytes), over what an engine holds
+/// per plan byte, where that is less.
+inline std::size_t plan_limit_per_rank(const options& o, rank_t ranks_here, long double others) {
+  const long double left = std::max(0.0L, memory_limit_bytes() - others) / std::max<rank_t>(ranks_here, 1);
+  return static_cast<std::size_t>(std::min(static_cast<long double>(o.max_plan_bytes), left / engine_bytes_per_plan_byte));
+}
+
+/// Refuses, before any rank starts, a run whose ranks' plans cannot fit: plans the part of the
+/// rank with the most traffic, with the engine's staging budget for `t`, within `limit` (the
+/// planner refuses a staging budget whose pieces pass it before cutting a stage), and names the
+/// budget and the ranks that share the memory.
+template <fa::Topology Topo, fa::Decomposer D>
+void check_run_plans(const Topo& topo, const fa::traffic_matrix& t, const options& o, D dec, std::size_t limit,
+                     rank_t ranks_here) {
+  const rank_t n = static_cast<rank_t>(t.rows());
+  rank_t busiest = 0;
+  long double most = -1;
+  for (rank_t r = 0; r < n; ++r) {
+    long double bytes = 0;
+    for (rank_t j = 0; j < n; ++j) bytes += static_cast<long double>(t(r, j)) + static_cast<long double>(t(j, r));
+    if (bytes > most) most = bytes, busiest = r;
+  }
+  const fa::engine_options eo = engine_options_of(o);
+  fa::plan_options po = eo.planning;
+  if (eo.staging_fraction) po.staging_budget = fa::staging_budget_for(fa::largest_buffer(t), *eo.staging_fraction, po, eo.staging_floor);
+  po.max_plan_bytes = limit;
+  try {
+    static_cast<void>(fa::planner<Topo, D>(topo, po, dec).make_rank(t, busiest));
+  } catch (const fa::plan_too_large& e) {
+    throw fa::error(strf("each of the %d ranks of this process plans its part of the call and holds it, within %zu "
+                         "bytes (--max-plan-bytes %zu, or where less its share of the %.0Lf bytes this process can "
+                         "hold, after the buffers, over %.0Lf for the engine's copies); rank %d's part does not fit: %s",
+                         ranks_here, limit, o.max_plan_bytes, memory_limit_bytes(), engine_bytes_per_plan_byte, busiest,
+                         e.what()));
+  }
 }
 
 /// Throws delivery_failure if any byte rank `me` received in call `call` differs from its

@@ -55,6 +55,7 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
   std::barrier sync(n);
   std::vector<clock::time_point> start(static_cast<std::size_t>(n) * calls), stop(start.size());
   std::vector<std::string> errors(n);
+  std::vector<char> timed_out(n, 0); // a rank that waited for a failed one: its error is not the cause
   std::vector<fa::call_stats> stats(calls);
   std::atomic<bytes_t> checked{0};
   run_figures f;
@@ -103,8 +104,13 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
           f.stages = eng.last_plan().stages();
           for (bytes_t b : eng.last_plan().staging_bytes) f.staging_max = std::max(f.staging_max, b);
         }
+      } catch (const std::bad_alloc&) {
+        errors[r] = "rank " + std::to_string(r) + " ran out of memory (every rank is a thread of this process: run fewer "
+                    "ranks, smaller messages, or a larger --staging-budget)";
+        sync.arrive_and_drop();
       } catch (const std::exception& e) {
         errors[r] = e.what();
+        timed_out[r] = dynamic_cast<const fa::timeout_error*>(&e) != nullptr;
         // Leave the barrier so that the other ranks fail on their timeouts instead of waiting here.
         sync.arrive_and_drop();
       }
@@ -116,11 +122,12 @@ run_figures run_host(const Topo& topo, const fa::traffic_matrix& t, const option
   open_gate(spawn_error.empty() ? 1 : -1);
   for (auto& th : threads) th.join();
   if (!spawn_error.empty()) throw fa::error(spawn_error);
-  for (rank_t r = 0; r < n; ++r)
-    if (!errors[r].empty()) {
-      if (errors[r].find("are wrong") != std::string::npos) throw delivery_failure(errors[r]);
-      throw fa::error(errors[r]);
-    }
+  for (const bool timeouts : {false, true}) // the first error that is not a timeout: the others waited for it
+    for (rank_t r = 0; r < n; ++r)
+      if (!errors[r].empty() && static_cast<bool>(timed_out[r]) == timeouts) {
+        if (errors[r].find("are wrong") != std::string::npos) throw delivery_failure(errors[r]);
+        throw fa::error(errors[r]);
+      }
   std::vector<std::pair<double, unsigned>> per_call;
   for (unsigned c = 1; c < calls; ++c) { // call 0 is the warm-up
     auto first = start[c * n], last = stop[c * n];
@@ -147,7 +154,16 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
   const long double engine_bytes = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
     return engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
   });
-  for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, 0, n, engine_bytes, "this process");
+  long double others = 0;
+  for (const fa::traffic_matrix& t : w.matrices) others = std::max(others, check_run_memory(t, 0, n, engine_bytes, "this process"));
+  // Every thread rank plans its own part of each call and holds it: a staging budget of a few
+  // bytes cuts a call into millions of pieces (issue 50, defect 10). Each rank's planner gets an
+  // equal share of the memory left (at most --max-plan-bytes), and the busiest rank's part is
+  // planned here first, so that a run whose plans cannot fit is refused before any rank starts.
+  options ro = o;
+  ro.max_plan_bytes = plan_limit_per_rank(o, n, others);
+  for (const fa::traffic_matrix& t : w.matrices)
+    fa::with_decomposer(o.decomposer, dp, [&](auto dec) { check_run_plans(topo, t, o, dec, ro.max_plan_bytes, n); });
   const fa::cost_params cp{o.alpha_s};
   std::ofstream report;
   if (!o.report_path.empty()) {
@@ -169,8 +185,8 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
   for (std::size_t k = 0; k < w.matrices.size(); ++k) {
     const fa::traffic_matrix& t = w.matrices[k];
     const run_figures fast =
-        fa::with_decomposer(o.decomposer, dp, [&](auto dec) { return run_host(topo, t, o, dec, true); });
-    const run_figures direct = run_host<fa::direct_decomposer>(topo, t, o);
+        fa::with_decomposer(o.decomposer, dp, [&](auto dec) { return run_host(topo, t, ro, dec, true); });
+    const run_figures direct = run_host<fa::direct_decomposer>(topo, t, ro);
     const fa::plan_options popt{o.granule, o.max_plan_bytes};
     const double model_fast = fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
       // The plan the engine made: with the engine's staging budget for this call.

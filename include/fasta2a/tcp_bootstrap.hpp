@@ -267,32 +267,44 @@ public:
   const std::string& host() const noexcept { return host_; }
 
 private:
+  static tcp_lookup_result resolve(const std::string& host, const std::string& service, int flags) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = flags;
+    addrinfo* res = nullptr;
+    tcp_lookup_result r;
+    r.rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+    if (r.rc == 0) {
+      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+        tcp_address t;
+        t.family = a->ai_family;
+        t.socktype = a->ai_socktype;
+        t.protocol = a->ai_protocol;
+        t.len = static_cast<socklen_t>(std::min<std::size_t>(a->ai_addrlen, sizeof t.addr));
+        std::memcpy(&t.addr, a->ai_addr, t.len);
+        r.addresses.push_back(t);
+      }
+      ::freeaddrinfo(res);
+    }
+    return r;
+  }
+  /// Whether `host` is a numeric address (or empty: every address), which needs no resolver.
+  static bool numeric(const std::string& host) {
+    in6_addr a6{};
+    in_addr a4{};
+    return host.empty() || ::inet_pton(AF_INET, host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  }
   void start() {
     auto promise = std::make_shared<std::promise<tcp_lookup_result>>();
     result_ = promise->get_future();
     running_ = true;
-    std::thread([promise, host = host_, service = service_, flags = flags_] {
-      addrinfo hints{};
-      hints.ai_family = AF_UNSPEC;
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = flags;
-      addrinfo* res = nullptr;
-      tcp_lookup_result r;
-      r.rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
-      if (r.rc == 0) {
-        for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-          tcp_address t;
-          t.family = a->ai_family;
-          t.socktype = a->ai_socktype;
-          t.protocol = a->ai_protocol;
-          t.len = static_cast<socklen_t>(std::min<std::size_t>(a->ai_addrlen, sizeof t.addr));
-          std::memcpy(&t.addr, a->ai_addr, t.len);
-          r.addresses.push_back(t);
-        }
-        ::freeaddrinfo(res);
-      }
-      promise->set_value(std::move(r));
-    }).detach();
+    if (numeric(host_)) { // at once, without a thread (a process that forks later stays single-threaded)
+      promise->set_value(resolve(host_, service_, flags_ | AI_NUMERICHOST));
+      return;
+    }
+    std::thread([promise, host = host_, service = service_, flags = flags_] { promise->set_value(resolve(host, service, flags)); })
+        .detach();
   }
 
   std::string host_, service_;
