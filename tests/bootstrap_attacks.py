@@ -207,9 +207,22 @@ def case_stopped_root():
         f"slowest survivor {max(t for _, t, _ in r):.1f} s after the stop", f"survivors naming rank 0: {sum(named)} of 3")
 
 
+def case_late_rank():
+    port, sec = free_port(), secrets.token_hex(32)
+    t0 = time.time()
+    root = start(0, port, sec, extra={"FASTA2A_BOOTSTRAP_TIMEOUT": "2"})
+    time.sleep(2.5)  # the root gives up on rank 1 after 2 s
+    late = start(1, port, sec, extra={"FASTA2A_BOOTSTRAP_TIMEOUT": "2"})
+    r = finish([root, late], t0)
+    said = next((line for line in r[1][2].splitlines() if "error" in line), "")
+    told = "given up" in said and "UTC" in said
+    row("rank 1 starts 0.5 s after the root gave up (2 s timeout)", [("rank 0", r[0]), ("rank 1", r[1])],
+        "told why and when" if told else "not told why", said.split(": ", 3)[-1][:90])
+
+
 CASES = {"one_packet": case_one_packet, "impostor": case_impostor, "two_jobs": case_two_jobs,
          "escapes": case_escapes, "listen": case_listen, "file_limit": case_file_limit,
-         "stopped_root": case_stopped_root}
+         "stopped_root": case_stopped_root, "late_rank": case_late_rank}
 
 print(f"| case ({os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(BIN))))}) | processes | verdict | note |")
 print("|---|---|---|---|")

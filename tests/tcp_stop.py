@@ -16,6 +16,7 @@ import os
 import random
 import re
 import secrets
+import select
 import socket
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def main():
         port, secret = free_port(), secrets.token_hex(32)
         procs = [start(r, port, secret) for r in range(RANKS)]
         # The header line comes after the start and the first planning: then the calls run.
-        first = procs[0].stdout.readline()
+        ready, _, _ = select.select([procs[0].stdout], [], [], 60)
+        first = procs[0].stdout.readline() if ready else "(nothing within 60 s)"
         if not first.startswith("# fasta2a run"):
             print(f"FAIL: the job did not start: {first.strip()}")
             for p in procs:

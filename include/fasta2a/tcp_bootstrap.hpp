@@ -595,7 +595,7 @@ public:
   /// elsewhere. std::nullopt where none could be held (a world of one, no UDP socket). Only the
   /// job's ranks can ask or answer (detail::tcp_roll_call). Usable after a failure too.
   std::optional<std::vector<rank_t>> roll_call(std::chrono::milliseconds within = std::chrono::seconds(1)) const {
-    if (!roll_) return std::nullopt;
+    if (!roll_ || !roll_asks_) return std::nullopt;
     std::vector<rank_t> all;
     for (rank_t r = 0; r < opt_.size; ++r)
       if (r != opt_.rank) all.push_back(r);
@@ -610,6 +610,8 @@ public:
     if (missing->empty())
       return "; every rank answers a roll call (none is stopped or dead: a rank waits elsewhere, e.g. in another "
              "collective, or was given other options)";
+    if (opt_.size > 2 && missing->size() + 1 == static_cast<std::size_t>(opt_.size))
+      return "; no other rank answers a roll call (all stopped or dead, or this rank is cut off from them)";
     return std::string("; rank") + (missing->size() == 1 ? " " : "s ") + detail::tcp_rank_list(*missing) +
            (missing->size() == 1 ? " does" : " do") + " not answer a roll call (stopped, dead or unreachable)";
   }
@@ -1084,13 +1086,23 @@ private:
       throw;
     }
     roll_->set_peers(all);
+    // Whether questions and answers pass between the ranks (UDP may be filtered where TCP is not):
+    // the next rank is asked once. Where it does not answer, this rank asks no roll calls (they
+    // would name every rank), and says so; it still answers them.
+    const std::vector<rank_t> next{(opt_.rank + 1) % opt_.size};
+    const auto m = roll_->missing(next, std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::seconds(1)));
+    roll_asks_ = m && m->empty();
+    if (!roll_asks_)
+      std::fprintf(stderr, "fasta2a: tcp_bootstrap: rank %d: rank %d does not answer a roll call over UDP: after a "
+                           "timeout this rank names the peer it waited for, not the rank missing (is UDP between the "
+                           "ranks filtered?)\n", opt_.rank, next[0]);
   }
 
   /// Which of `ranks` answer a roll call within `within`: "" if there is none to hold, else a
   /// clause naming those that do not and those that do; `*absent` says whether any does not.
   std::string ask(const std::vector<rank_t>& ranks, std::chrono::milliseconds within, bool* absent = nullptr) const {
     if (absent != nullptr) *absent = false;
-    if (!roll_ || roll_->ranks() == 0 || ranks.empty()) return {};
+    if (!roll_ || !roll_asks_ || roll_->ranks() == 0 || ranks.empty()) return {};
     const auto missing = roll_->missing(ranks, within);
     if (!missing) return {};
     if (absent != nullptr) *absent = !missing->empty();
@@ -1326,6 +1338,7 @@ private:
   std::uint64_t calls_ = 0;
   std::string broken_;
   std::unique_ptr<detail::tcp_roll_call> roll_; // answers roll calls; asks them (after the start)
+  bool roll_asks_ = false;                      // whether a roll call reached the next rank at the start
   // rank 0's start-up: connections dropped, the first reasons, when it last logged one
   std::uint64_t dropped_ = 0;
   std::vector<std::string> dropped_reasons_;
