@@ -39,6 +39,9 @@ exclude+='|^cli\.plan_refuses_a_tiny_staging_budget_before_allocating$|^cli\.run
 #   its 4-rank world runs too (1 x 4, 4 x 1, and 2 x 2 with both tiers); 23 s under ASan+UBSan, 37 s
 #   under TSan. The plain build runs it.
 exclude+='|^gpu_standin\.engine_mpi\.progress$|^mpi\.conformance\.np2$'
+# cli.run_tcp_a_stopped_rank_*: their bound (the timeout + 2.5 s after the stop) times the
+# program, not a sanitizer's slowdown (the plain build runs them).
+exclude+='|^cli\.run_tcp_a_stopped_rank_[0-9]+_is_named_by_every_survivor$'
 # chaos.*: their bound on a waiting rank's CPU use (15%) measures the program, not the sanitizer's
 # overhead: under ASan rank 3 of the kill test used 15% and failed (the plain build runs them).
 case $kind in
