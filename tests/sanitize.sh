@@ -32,7 +32,7 @@ exclude+='|^mpi\.np(8|16)|^mpi\.np4\.tcp$|^mpi\.conformance\.np(8|4\.tcp)$|^gpu_
 exclude+='|^cli\.run_libfabric_tcp_np(8|16)$'
 # Runs the CLI under `ulimit -v 1000000`: an ASan or TSan process reserves terabytes of address
 # space for its shadow memory and cannot start under such a limit (the plain build runs it).
-exclude+='|^cli\.plan_refuses_a_tiny_staging_budget_before_allocating$|^cli\.run_refuses_plans_that_cannot_fit_before_any_rank_starts$'
+exclude+='|^cli\.plan_refuses_a_tiny_staging_budget_before_allocating$|^cli\.run_refuses_plans_that_cannot_fit_before_any_rank_starts$|^cli\.run_refuses_a_matrix_larger_than_memory$'
 # - gpu_standin.engine_mpi.progress: 8 ranks too (a deadlock's regression test; 37 s under
 #   ASan+UBSan); gpu_standin.engine_mpi.np4 runs the same engine and stand-in on 4.
 # - mpi.conformance.np2: the conformance suite on 2 ranks plans 1 x 2 and 2 x 1, whose code paths

@@ -8,9 +8,14 @@
 #include <fasta2a/registry.hpp>
 #include <fasta2a/topology.hpp>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,6 +113,18 @@ inline fa::decomposer_params decomposer_params_of(const fa::scaleout_model& scal
 }
 
 /// Planning options from the command line: --adaptive adds the direct fallback at --alpha.
+/// The memory this process may use: the machine's physical memory, or less where the address space
+/// is limited (ulimit -v).
+inline long double memory_limit_bytes() {
+  long double limit = std::numeric_limits<std::ptrdiff_t>::max(); // what a vector can address
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) limit = std::min(limit, static_cast<long double>(pages) * page);
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    limit = std::min(limit, static_cast<long double>(as.rlim_cur));
+  return limit;
+}
+
 inline fa::plan_options planning_options(const options& o) {
   fa::plan_options p{o.granule, o.max_plan_bytes};
   if (o.adaptive) p.direct_if_faster_alpha = o.alpha_s;

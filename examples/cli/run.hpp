@@ -38,18 +38,6 @@ inline fa::engine_options engine_options_of(const options& o) {
   return e;
 }
 
-/// The memory this process may use: the machine's physical memory, or less where the address space
-/// is limited (ulimit -v).
-inline long double memory_limit_bytes() {
-  long double limit = std::numeric_limits<std::ptrdiff_t>::max(); // what a vector can address
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) limit = std::min(limit, static_cast<long double>(pages) * page);
-  rlimit as{};
-  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
-    limit = std::min(limit, static_cast<long double>(as.rlim_cur));
-  return limit;
-}
-
 /// What one rank's engine keeps between calls at n ranks of S servers x G GPUs, besides the
 /// gathered counts (engine_counts_bytes): prefix sums of its server's messages (32 G n bytes),
 /// signal counts and what it knows of each peer (about 500 n bytes), its plan and program, and the

@@ -53,6 +53,13 @@ void refuse_empty_generated(const options& o, const fa::traffic_matrix& m) {
 } // namespace
 
 workload load_workload(const options& o, rank_t n) {
+  // A traffic matrix holds 8 bytes per pair of ranks: refused before it is allocated where this
+  // process cannot hold it (`run --servers 4096 --gpus 8` met std::bad_alloc under ulimit -v).
+  const long double matrix = 8.0L * n * n;
+  if (matrix > memory_limit_bytes())
+    throw fa::error(strf("a traffic matrix of %d x %d ranks takes %.0Lf bytes, more than this process can hold (%.0Lf "
+                         "bytes: its physical memory, or ulimit -v): run fewer ranks",
+                         n, n, matrix, memory_limit_bytes()));
   workload w;
   switch (o.input) {
   case input_kind::matrix:
