@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fasta2a: starts N processes of one command on this machine without MPI, as torchrun would: each
-# with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and FASTA2A_JOB_SECRET (drawn for the
+# with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and FASTA2A_JOB_SECRET (drawn for the
 # job unless set) set (fasta2a::tcp_bootstrap reads them). Waits for all; if one fails, or the time limit passes, the others are killed (by process
 # id). Exits with the worst exit status of the ranks that ended by themselves (124 on the time
 # limit).
@@ -42,7 +42,7 @@ export FASTA2A_JOB_SECRET
 pids=()
 for ((r = 0; r < n; ++r)); do
   # Each rank leads a process group of its own (setsid), so that killing it kills its children too.
-  (RANK=$r LOCAL_RANK=$r exec setsid "$@") > >(sed -u "s/^/[rank $r] /") 2> >(sed -u "s/^/[rank $r] /" >&2) &
+  (RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n exec setsid "$@") > >(sed -u "s/^/[rank $r] /") 2> >(sed -u "s/^/[rank $r] /" >&2) &
   pids+=($!)
 done
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -113,12 +114,24 @@ inline fa::decomposer_params decomposer_params_of(const fa::scaleout_model& scal
 }
 
 /// Planning options from the command line: --adaptive adds the direct fallback at --alpha.
-/// The memory this process may use: the machine's physical memory, or less where the address space
-/// is limited (ulimit -v).
-inline long double memory_limit_bytes() {
+/// How many ranks run on this machine, from what launchers set: LOCAL_WORLD_SIZE (torchrun,
+/// launch_ranks.sh, cluster.sh), OMPI_COMM_WORLD_LOCAL_SIZE (Open MPI), MPI_LOCALNRANKS (MPICH);
+/// 1 where none is set.
+inline int ranks_on_this_machine() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
+      const long k = std::strtol(v, nullptr, 10);
+      if (k >= 1 && k <= (1 << 20)) return static_cast<int>(k);
+    }
+  return 1;
+}
+
+/// The memory this process may use: the machine's physical memory, shared equally by `sharing`
+/// processes of the job on it, or less where the address space is limited (ulimit -v).
+inline long double memory_limit_bytes(int sharing = 1) {
   long double limit = std::numeric_limits<std::ptrdiff_t>::max(); // what a vector can address
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) limit = std::min(limit, static_cast<long double>(pages) * page);
+  if (pages > 0 && page > 0) limit = std::min(limit, static_cast<long double>(pages) * page / std::max(sharing, 1));
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
     limit = std::min(limit, static_cast<long double>(as.rlim_cur));

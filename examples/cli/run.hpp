@@ -5,6 +5,7 @@
 #include "commands.hpp"
 #include "options.hpp"
 #include "report.hpp"
+#include "workload.hpp"
 
 #include <fasta2a/engine.hpp>
 #include <fasta2a/json_writer.hpp>
@@ -68,9 +69,10 @@ inline long double engine_counts_bytes(rank_t n) {
 /// the gathered counts once) pass memory_limit_bytes().
 /// `engine_per_rank` is engine_bytes_per_rank of the decomposer used.
 /// Returns the bytes the check counted (buffers, staging, engine state, gathered counts).
+/// `sharing`: the job's processes on this machine (memory_limit_bytes).
 inline long double check_run_memory(const fa::traffic_matrix& t, rank_t first, rank_t ranks_here,
-                                    long double engine_per_rank, const char* where) {
-  const long double limit = memory_limit_bytes();
+                                    long double engine_per_rank, const char* where, int sharing = 1) {
+  const long double limit = memory_limit_bytes(sharing);
   const rank_t n = static_cast<rank_t>(t.rows());
   const long double counts = engine_counts_bytes(n);
   long double all = counts;
@@ -115,8 +117,8 @@ inline constexpr long double engine_bytes_per_plan_byte = 6;
 /// in one process (the host transport's thread ranks): --max-plan-bytes, or an equal share of the
 /// memory left after their buffers and engine state (`others` bytes), over what an engine holds
 /// per plan byte, where that is less.
-inline std::size_t plan_limit_per_rank(const options& o, rank_t ranks_here, long double others) {
-  const long double left = std::max(0.0L, memory_limit_bytes() - others) / std::max<rank_t>(ranks_here, 1);
+inline std::size_t plan_limit_per_rank(const options& o, rank_t ranks_here, long double others, int sharing = 1) {
+  const long double left = std::max(0.0L, memory_limit_bytes(sharing) - others) / std::max<rank_t>(ranks_here, 1);
   return static_cast<std::size_t>(std::min(static_cast<long double>(o.max_plan_bytes), left / engine_bytes_per_plan_byte));
 }
 
@@ -124,9 +126,10 @@ inline std::size_t plan_limit_per_rank(const options& o, rank_t ranks_here, long
 /// rank with the most traffic, with the engine's staging budget for `t`, within `limit` (the
 /// planner refuses a staging budget whose pieces pass it before cutting a stage), and names the
 /// budget and the ranks that share the memory.
+/// `who` names the ranks that share the memory ("each of the 4 ranks of this process").
 template <fa::Topology Topo, fa::Decomposer D>
 void check_run_plans(const Topo& topo, const fa::traffic_matrix& t, const options& o, D dec, std::size_t limit,
-                     rank_t ranks_here) {
+                     const std::string& who, int sharing = 1) {
   const rank_t n = static_cast<rank_t>(t.rows());
   rank_t busiest = 0;
   long double most = -1;
@@ -142,12 +145,30 @@ void check_run_plans(const Topo& topo, const fa::traffic_matrix& t, const option
   try {
     static_cast<void>(fa::planner<Topo, D>(topo, po, dec).make_rank(t, busiest));
   } catch (const fa::plan_too_large& e) {
-    throw fa::error(strf("each of the %d ranks of this process plans its part of the call and holds it, within %zu "
-                         "bytes (--max-plan-bytes %zu, or where less its share of the %.0Lf bytes this process can "
-                         "hold, after the buffers, over %.0Lf for the engine's copies); rank %d's part does not fit: %s",
-                         ranks_here, limit, o.max_plan_bytes, memory_limit_bytes(), engine_bytes_per_plan_byte, busiest,
-                         e.what()));
+    throw fa::error(strf("%s plans its part of the call and holds it, within %zu bytes (--max-plan-bytes %zu, or "
+                         "where less its share of the %.0Lf bytes this process can hold, after the buffers, over "
+                         "%.0Lf for the engine's copies); rank %d's part does not fit: %s",
+                         who.c_str(), limit, o.max_plan_bytes, memory_limit_bytes(sharing), engine_bytes_per_plan_byte,
+                         busiest, e.what()));
   }
+}
+
+/// For a process that holds one rank (MPI, the TCP bootstrap): refuses, before anything is
+/// allocated, a run whose buffers or plans cannot fit this process's share of its machine (the
+/// job's ranks on it, ranks_on_this_machine(), share its memory equally).
+template <fa::Topology Topo>
+void check_process_memory(const Topo& topo, const workload& w, const options& o, rank_t me) {
+  const int local = ranks_on_this_machine();
+  const fa::decomposer_params dp = decomposer_params_of(fa::scaleout_of(topo));
+  fa::with_decomposer(o.decomposer, dp, [&](auto dec) {
+    const long double engine = engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
+    const std::string where = local > 1 ? strf("this rank's share of its machine (%d ranks on it)", local) : "this rank's machine";
+    for (const fa::traffic_matrix& t : w.matrices) {
+      const long double others = check_run_memory(t, me, 1, engine, where.c_str(), local);
+      check_run_plans(topo, t, o, dec, plan_limit_per_rank(o, 1, others, local),
+                      local > 1 ? strf("each of the %d ranks on this machine", local) : std::string("this rank"), local);
+    }
+  });
 }
 
 /// Throws delivery_failure if any byte rank `me` received in call `call` differs from its

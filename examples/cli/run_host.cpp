@@ -163,7 +163,7 @@ template <fa::Topology Topo> int run_on(const Topo& topo, const options& o) {
   options ro = o;
   ro.max_plan_bytes = plan_limit_per_rank(o, n, others);
   for (const fa::traffic_matrix& t : w.matrices)
-    fa::with_decomposer(o.decomposer, dp, [&](auto dec) { check_run_plans(topo, t, o, dec, ro.max_plan_bytes, n); });
+    fa::with_decomposer(o.decomposer, dp, [&](auto dec) { check_run_plans(topo, t, o, dec, ro.max_plan_bytes, strf("each of the %d ranks of this process", n)); });
   const fa::cost_params cp{o.alpha_s};
   std::ofstream report;
   if (!o.report_path.empty()) {

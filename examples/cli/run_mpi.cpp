@@ -397,11 +397,9 @@ int run_mpi_command(const options& o) {
                     " MPI ranks of " + std::to_string(o.gpus) + " GPUs per server (" +
                     std::to_string(topo.servers()) + " servers)");
   const workload w = load_workload(o, n); // every rank reads or generates the same matrices
-  // This process holds one rank's buffers and engine (a failure here aborts every rank).
-  const long double engine_bytes = fa::with_decomposer(o.decomposer, decomposer_params_of(fa::scaleout_of(topo)), [&](auto dec) {
-    return engine_bytes_per_rank<decltype(dec)>(topo.servers(), topo.gpus_per_server());
-  });
-  for (const fa::traffic_matrix& t : w.matrices) check_run_memory(t, me, 1, engine_bytes, "this rank's machine");
+  // This process holds one rank's buffers, engine and plan, in its share of the machine (a failure
+  // here aborts every rank; the plans checked are the busiest rank's, the same on every rank).
+  check_process_memory(topo, w, o, me);
   // --transport libfabric: one libfabric transport for the whole command (collective: endpoint
   // names are allgathered over MPI), the provider from --fi-provider or FASTA2A_FI_PROVIDER.
   fa::mpi_bootstrap fab_boot(MPI_COMM_WORLD, {.timeout = o.timeout});

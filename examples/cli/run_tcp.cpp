@@ -109,6 +109,9 @@ int run_tcp_command(const options& o, fa::tcp_bootstrap& boot) {
                     " of " + std::to_string(o.gpus) + " GPUs per server (" + std::to_string(topo.servers()) +
                     " servers)");
   const workload w = load_workload(o, n); // every rank reads or generates the same matrices
+  // This process holds one rank's buffers, engine and plan, in its share of the machine (the plans
+  // checked are the busiest rank's, the same on every rank: all refuse together).
+  check_process_memory(topo, w, o, me);
   // --timeout bounds the transport's waits too (a put's completion, a peer's signal).
   transport tr(boot, fa::libfabric_options{.provider = o.fi_provider, .timeout = o.timeout});
   std::ofstream report;
