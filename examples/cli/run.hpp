@@ -142,6 +142,21 @@ void check_run_plans(const Topo& topo, const fa::traffic_matrix& t, const option
   fa::plan_options po = eo.planning;
   if (eo.staging_fraction) po.staging_budget = fa::staging_budget_for(fa::largest_buffer(t), *eo.staging_fraction, po, eo.staging_floor);
   po.max_plan_bytes = limit;
+  // Planned only where the budget's slots may cut the busiest server's traffic into many pieces
+  // (the planner's own lower bound, at an eighth of the limit): a few bytes of arithmetic per
+  // matrix, not a plan, for ordinary budgets and long traces.
+  if (po.staging_budget == 0) return;
+  const bytes_t slot = po.staging_budget / (2 * static_cast<bytes_t>(std::max<std::uint32_t>(po.staging_slots, 1))) /
+                       std::max<bytes_t>(po.granule, 1) * std::max<bytes_t>(po.granule, 1);
+  if (slot > 0) {
+    const int G = topo.gpus_per_server(), home = busiest / G;
+    long double crossing = 0;
+    for (rank_t a = 0; a < n; ++a)
+      for (rank_t b = 0; b < n; ++b)
+        if (a / G != b / G && (a / G == home || b / G == home)) crossing += static_cast<long double>(t(a, b));
+    const long double at_least = crossing / static_cast<long double>(slot) * (sizeof(fa::piece) + 6 * sizeof(fa::rank_op));
+    if (at_least * 8 < static_cast<long double>(limit)) return;
+  }
   try {
     static_cast<void>(fa::planner<Topo, D>(topo, po, dec).make_rank(t, busiest));
   } catch (const fa::plan_too_large& e) {
