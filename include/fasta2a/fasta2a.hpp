@@ -22,6 +22,8 @@
 #include "fasta2a/rma.hpp"
 #include "fasta2a/svg.hpp"
 #include "fasta2a/tcp_bootstrap.hpp"
+#include "fasta2a/tcp_roll_call.hpp"
+#include "fasta2a/tcp_wire.hpp"
 #include "fasta2a/topology.hpp"
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/transport.hpp"
