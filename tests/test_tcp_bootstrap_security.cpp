@@ -26,34 +26,22 @@ struct raw_client {
   void send(const std::vector<std::byte>& b) const {
     [[maybe_unused]] auto w = ::send(fd.get(), b.data(), b.size(), MSG_NOSIGNAL);
   }
-  /// Everything it receives until the root closes the connection or `limit` passes.
-  std::vector<std::byte> read_all(std::chrono::milliseconds limit) const {
-    std::vector<std::byte> got;
-    const auto until = clock_type::now() + limit;
-    while (clock_type::now() < until) {
-      pollfd p{fd.get(), POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      std::byte buf[4096];
-      const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
-      if (n <= 0) break;
-      got.insert(got.end(), buf, buf + n);
-    }
-    return got;
-  }
-  /// Exactly `n` bytes (fewer if the connection ends or `limit` passes).
+  /// What it receives until the root closes the connection, `limit` passes, or `n` bytes are in.
   std::vector<std::byte> read_n(std::size_t n, std::chrono::milliseconds limit) const {
     std::vector<std::byte> got;
     const auto until = clock_type::now() + limit;
     while (got.size() < n && clock_type::now() < until) {
       pollfd p{fd.get(), POLLIN, 0};
       if (::poll(&p, 1, 50) <= 0) continue;
-      std::byte buf[256];
+      std::byte buf[4096];
       const ssize_t k = ::recv(fd.get(), buf, std::min(sizeof buf, n - got.size()), 0);
       if (k <= 0) break;
       got.insert(got.end(), buf, buf + k);
     }
     return got;
   }
+  /// Everything it receives until the root closes the connection or `limit` passes.
+  std::vector<std::byte> read_all(std::chrono::milliseconds limit) const { return read_n(SIZE_MAX, limit); }
 };
 
 std::vector<std::byte> hello_v2(const detail::tcp_nonce& nonce) {
