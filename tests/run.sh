@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (.ci/run runs exactly this): builds fasta2a and runs its whole test
 # suite, fuzzes, then runs the sanitizer jobs, and fails on any failing test, fuzzer finding or
-# sanitizer report. Each part prints its time (README, "Sanitizers and chaos tests", has a run's).
+# sanitizer report. Each part prints its time (docs/TESTING.md, "Sanitizers and chaos tests", has a run's).
 #   plain   Release build of everything (build/, the system's g++), ctest -j2: what users build
 #   fuzz    the four libFuzzer targets for a minute, at the same time (tests/fuzz/, clang, build-fuzz/)
 #   asan    the whole suite under ASan+UBSan (tests/sanitize.sh asan, clang, build-asan/): every test
@@ -9,7 +9,7 @@
 #           build runs, MPI worlds up to 4 ranks, and of the worlds that run the same code one
 #           (tests/sanitize.sh says which)
 #   tsan    the engine and transport tests under TSan (tests/sanitize.sh tsan, clang, build-tsan/)
-# About 31 minutes on 2 cores (README, "Sanitizers and chaos tests"; CI asks for under 45).
+# About 31 minutes on 2 cores (docs/TESTING.md, "Sanitizers and chaos tests"; CI asks for under 45).
 # FASTA2A_SANITIZERS=0 leaves the two sanitizer jobs out (a quicker local run; CI runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
