@@ -1,6 +1,7 @@
 // Properties of the FAST planner and its decomposers. The cost model, the verifier and the
 // topologies have suite files of their own (test_cost_model.cpp, test_verify.cpp,
-// test_topology.cpp), built with this one into the test_planning program (test_planning.cpp).
+// test_topology.cpp); this one is built into the test_planner_and_decomposers program
+// (tests/CMakeLists.txt).
 #include <doctest/doctest.h>
 
 #include "checks.hpp"

@@ -1,6 +1,6 @@
 // The plan of the transposed matrix made from a plan (include/fasta2a/transpose.hpp): an MoE
-// layer's combine after its dispatch. Included by test_planning.cpp after test_planner.cpp, whose
-// random_case it uses.
+// layer's combine after its dispatch. Built after test_planner.cpp, in the same translation unit
+// (test_planner_and_decomposers, a unity build: tests/CMakeLists.txt), whose random_case it uses.
 #include <doctest/doctest.h>
 
 #include "checks.hpp"

@@ -1786,9 +1786,7 @@ private:
     } else {
       run(x, pg.at(sec::post));
     }
-#ifndef FASTA2A_ENGINE_MUTATION_NO_READY // mutation test: peers may write before this rank is ready
     if (x.ordered) clear_to_send(x);
-#endif
     run(x, pg.at(sec::start));
     if (pg.stages() > 0) run_stages(x);
     for (const instr& w : pg.at(sec::finish)) await(x, w);

@@ -171,10 +171,10 @@ void check_named(const Topo& topo, const decoded& d) {
 
 } // namespace
 
-// The planners over fixed_topology<8> are compiled in a second translation unit,
-// fuzz_planner_fixed.cpp (this file again, with FASTA2A_FUZZ_PLANNER_FIXED): each half of the
-// instantiations builds in about half the time, side by side (the whole took 75 s, the fuzz job's
-// longest build step). It decodes the input again.
+// The planners over fixed_topology<8> are compiled in a second translation unit: this file again,
+// with FASTA2A_FUZZ_PLANNER_FIXED (the object library fuzz_planner_fixed, tests/fuzz/CMakeLists.txt):
+// each half of the instantiations builds in about half the time, side by side (the whole took 75 s,
+// the fuzz job's longest build step). It decodes the input again.
 void fuzz_planner_fixed(const std::uint8_t* data, std::size_t size);
 
 #ifdef FASTA2A_FUZZ_PLANNER_FIXED

@@ -401,9 +401,10 @@ static void device_ring(rank_t me, fasta2a::host_bootstrap& boot, ipc& t, std::s
 }
 
 TEST_CASE("gpu_ipc.signal: a signal is not seen before the puts it covers, over many random delays") {
-  // device_ring with up to 500 us before every stream operation, 10 seeds. Built with
-  // FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM (test_gpu_ipc_mutant), the signal goes out on a stream of
-  // its own, not after the puts, and this test must catch it.
+  // device_ring with up to 500 us before every stream operation, 10 seeds. In test_gpu_ipc_mutant
+  // (a mutated copy of gpu_ipc.hpp: transports/gpu/CMakeLists.txt, cmake/mutants.cmake) the signal
+  // goes out on a stream of its own, not after the puts, and this test must catch it; that target
+  // defines FASTA2A_TEST_EXPECT_WRONG_STREAM_MUTANT.
   int caught = 0;
   const int seeds = 10;
   for (int seed = 1; seed <= seeds; ++seed) {
@@ -433,7 +434,7 @@ TEST_CASE("gpu_ipc.signal: a signal is not seen before the puts it covers, over 
       if (wrong.empty() && !e.empty()) MESSAGE("seed " << seed << ": an error that is not a wrong byte: " << e);
   }
   MESSAGE("wrong bytes seen under " << caught << " of " << seeds << " seeds");
-#ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
+#ifdef FASTA2A_TEST_EXPECT_WRONG_STREAM_MUTANT
   CHECK(caught >= 1);
 #else
   CHECK(caught == 0);

@@ -195,9 +195,6 @@ public:
     if (!st_) return;
     try {
       st_->t->s_->synchronize(); // nothing of ours may still write into a peer's flags
-#ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
-      st_->wrong.synchronize();
-#endif
     } catch (...) {
     }
     for (void* p : st_->opened) gpu::ipc_close(p);
@@ -225,12 +222,7 @@ public:
       throw error("gpu_ipc_transport: signal to rank " + std::to_string(peer) + ", which is not on this node");
     const std::size_t k = slot(peer, ch);
     const std::uint64_t v = ++st_->signalled[k];
-#ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
-    // Deliberately wrong (mutation test): the flag is written on a stream of its own, not after the puts.
-    gpu::write_value64(st_->wrong.get(), flag + slot(st_->me, ch), v);
-#else
     gpu::write_value64(st_->t->stream(), flag + slot(st_->me, ch), v);
-#endif
     // An event of the connection's ring marks when the copies before this signal are done. Never
     // a new event here: creating one takes the driver's context lock for writing, which a caller
     // thread blocked in a copy to pageable memory (waiting for its stream, i.e. for this call)
@@ -273,9 +265,6 @@ public:
   /// Every put and signal enqueued so far has completed.
   void flush() {
     st_->t->s_->synchronize();
-#ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
-    st_->wrong.synchronize();
-#endif
   }
 
 private:
@@ -303,9 +292,6 @@ private:
     rank_t node_first = 0, node_ranks = 0;
     std::vector<std::uint64_t> seen;
     gpu::pinned_buffer snapshot; ///< where a read lands (pinned: see gpu::read_value64)
-#ifdef FASTA2A_GPU_IPC_MUTATION_WRONG_STREAM
-    gpu::stream wrong;
-#endif
   };
 
   connection(gpu_ipc_transport& t, channel_id channels) : st_(std::make_unique<state>()) {
