@@ -1,5 +1,5 @@
-// Checks the planning tests share (test_planning.cpp builds them into one program). Include after
-// <doctest/doctest.h>.
+// Checks the planning tests share (the programs test_planner_and_decomposers and
+// test_traffic_cost_program_json_registry build them). Include after <doctest/doctest.h>.
 #pragma once
 
 #include <chrono>

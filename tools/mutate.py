@@ -214,6 +214,17 @@ M = [
          new="if (bal_i == waits.size() && cr_i == credits.size() && leaving_.size() <= W) {",
          a="leaving_.size() < W", b="leaving_.size() <= W",
          targets=["test_engine_host", "test_host_conformance_and_tcp_bootstrap"], args=["--source-file=*/test_engine_host.cpp,*conformance*"]),
+    # the transport contract (issue 49 item 3): the engine asks for a capability by its concept
+    dict(id="engine-ignores-drives-progress", file="include/fasta2a/engine.hpp",
+         old="  static constexpr bool drives_progress = DrivesProgress<C>;",
+         new="  static constexpr bool drives_progress = false && DrivesProgress<C>;",
+         a="= DrivesProgress<C>", b="= false && DrivesProgress<C>",
+         targets=["test_engine_host"], args=["--source-file=*/test_transport_contract.cpp"]),
+    dict(id="engine-retires-without-abandon", file="include/fasta2a/engine.hpp",
+         old="    if constexpr (Abandonable<C>) c->abandon();",
+         new="    if constexpr (false && Abandonable<C>) c->abandon();",
+         a="(Abandonable<C>)", b="(false && Abandonable<C>)",
+         targets=["test_engine_host"], args=["--source-file=*/test_transport_contract.cpp"]),
     # shared staging (issue 13): a slot released for stage t + K before stage t is done with it
     dict(id="engine-balance-slot-released-before-rail-sent", file="include/fasta2a/engine.hpp",
          old="      while (rel_out < released && rel_out < rail &&", new="      while (rel_out < released && rel_out <= rail &&",

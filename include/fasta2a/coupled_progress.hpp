@@ -78,7 +78,7 @@ public:
     }
     /// The inner connection's progress (where it has one), then the pump.
     void progress() {
-      if constexpr (requires(typename T::connection& c) { c.progress(); }) c_.progress();
+      if constexpr (DrivesProgress<typename T::connection>) c_.progress();
       (*pump_)();
     }
 

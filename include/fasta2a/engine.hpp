@@ -71,7 +71,7 @@ struct engine_options {
   /// dispatch: every token goes back where it came from, in the same bytes) runs the last call's
   /// plan transposed (transpose_into: the same stages, every piece reversed), and a call whose
   /// matrix is the last call's again runs the same plan, instead of planning: at 64 GPUs a rank's
-  /// part then takes about 1 us instead of 10-20 (README, "Plans of the transposed matrix"). Only
+  /// part then takes about 1 us instead of 10-20 (docs/DESIGN.md, "Plans of the transposed matrix"). Only
   /// where the staging budget is the same too (per-rail plans included). Each rank tests
   /// its own send counts against its row and its column of the last plan's matrix (2n words kept),
   /// before the counts exchange, and sends the two answers in its header: the matrix is the same
@@ -165,65 +165,18 @@ private:
   std::uint64_t h_ = 0x2545f4914f6cdd1dull;
 };
 
-/// A transport that can tell at run time whether it registers memory of a kind (a verbs or
-/// libfabric transport whose device supports GPUDirect, say): `t.registers(kind)`.
-template <class T>
-concept runtime_registration = requires(const T& t, memory_kind k) {
-  { t.registers(k) } -> std::convertible_to<bool>;
-};
-
-/// A memory space that allocates pinned host memory for bounce buffers (`allocate_host`).
-template <class M>
-concept pinned_host_allocation = requires(const M& m, std::size_t n) {
-  typename M::host_buffer;
-  { m.allocate_host(n) } -> std::same_as<typename M::host_buffer>;
-};
-template <class M>
-struct host_buffer_of {
-  using type = host_memory::buffer;
-};
-template <pinned_host_allocation M>
-struct host_buffer_of<M> {
-  using type = typename M::host_buffer;
-};
-
 } // namespace detail
 
 /// Whether the engine registers memory of kind k with `out` directly: the transport says it can
 /// register that kind (static `Out::can_register(k)`) and, where it also answers at run time
-/// (`out.registers(k)`), says yes there too. Otherwise the engine moves the scale-out data through
+/// (RegistersAtRunTime), says yes there too. Otherwise the engine moves the scale-out data through
 /// host bounce buffers (see engine).
 template <class Out>
 bool registers_directly(const Out& out, memory_kind k) {
   if (!Out::can_register(k)) return false;
-  if constexpr (detail::runtime_registration<Out>) return static_cast<bool>(out.registers(k));
+  if constexpr (RegistersAtRunTime<Out>) return static_cast<bool>(out.registers(k));
   else return true;
 }
-
-/// A MemorySpace that can also run calls in the order of a caller's stream (gpu_memory):
-/// - `M::stream_type`: the caller's stream; `m.stream()`: the memory space's own stream;
-/// - `m.record(s)`: an `M::event_type` recorded on s, whose `done()` (never blocking) says that
-///   everything enqueued on s before it has completed;
-/// - `m.write_value(flag, v)`: *flag = v on the memory space's own stream, after its earlier work;
-/// - `m.wait_value(s, flag, v)`: work enqueued on s later waits until *flag >= v.
-/// The flag is M memory (allocated with `allocate`).
-template <class M>
-concept StreamMemorySpace =
-    MemorySpace<M> && std::movable<typename M::event_type> &&
-    requires(M& m, const M& cm, typename M::stream_type s, std::uint64_t* flag, std::uint64_t v, typename M::event_type& e) {
-      { cm.stream() } -> std::convertible_to<typename M::stream_type>;
-      { m.record(s) } -> std::same_as<typename M::event_type>;
-      { e.done() } -> std::convertible_to<bool>;
-      m.write_value(flag, v);
-      m.wait_value(s, flag, v);
-    };
-
-/// `S` is the stream type of the stream-ordered memory space `M` (the constraint of engine's stream
-/// form). A concept of both, not `std::same_as<S, typename M::stream_type>` in the member's
-/// requires-clause, so that the clause stays dependent on `S`: Clang 14 substitutes `M` into it
-/// when the engine is instantiated and fails for a memory space that has no streams.
-template <class M, class S>
-concept StreamOf = StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>;
 
 namespace detail {
 template <class M>
@@ -958,13 +911,13 @@ private:
     r.up = up_->register_memory(p, n);
     try {
       if (bounce_) {
-        if constexpr (detail::pinned_host_allocation<M>) r.mirror = std::make_shared<bounce_buffer>(mem_.allocate_host(n));
+        if constexpr (PinnedHostAllocation<M>) r.mirror = std::make_shared<bounce_buffer>(mem_.allocate_host(n));
         else r.mirror = std::make_shared<bounce_buffer>(host_memory{}.allocate(n));
         r.out = out_->register_memory(r.mirror->data(), n);
-      } else if constexpr (M::kind != memory_kind::host && requires { out_->register_memory(p, n, M::kind); }) {
+      } else if constexpr (M::kind != memory_kind::host && RegistersDevice<Out>) {
         // Device memory registered directly (GPUDirect RDMA): the RDMA transports take its kind.
-        if constexpr (requires { mem_.device(); }) r.out = out_->register_memory(p, n, M::kind, mem_.device());
-        else r.out = out_->register_memory(p, n, M::kind);
+        if constexpr (DeviceOrdinal<M>) r.out = out_->register_memory(p, n, M::kind, mem_.device());
+        else r.out = out_->register_memory(p, n, M::kind, 0);
       } else {
         r.out = out_->register_memory(p, n);
       }
@@ -1494,7 +1447,7 @@ private:
   template <class C>
   static void retire(std::optional<C>& c, std::deque<C>& into) {
     if (!c) return;
-    if constexpr (requires { c->abandon(); }) c->abandon();
+    if constexpr (Abandonable<C>) c->abandon();
     into.push_back(std::move(*c));
     c.reset();
   }
@@ -1696,10 +1649,10 @@ private:
   // while the rail bytes it owes a third rank sit unsent waits for ever (seen with GPU IPC over
   // MPI on an H200, and with Open MPI's btl_vader_single_copy_mechanism=none on the stand-in).
   template <class C>
-  static constexpr bool drives_progress = requires(C& c) { c.progress(); };
+  static constexpr bool drives_progress = DrivesProgress<C>;
   // A scale-out connection whose puts land only in posted expects (MPI): shared staging frees a
   // rail sender's arrival slot by posting the next stage's expects instead of a credit signal.
-  static constexpr bool expects_gate_puts = requires { requires out_conn::expects_gate_puts; };
+  static constexpr bool expects_gate_puts = ExpectsGatePuts<out_conn>;
   // Whether this call's rail expects of stages >= K are posted when their arrival slot is freed
   // (and the rail credits are neither sent nor awaited).
   static bool lazy_rail_expects(const rank_program& pg) noexcept { return expects_gate_puts && pg.ring() > 0; }

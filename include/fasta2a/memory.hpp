@@ -5,6 +5,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -67,5 +68,63 @@ struct host_memory {
 };
 
 static_assert(MemorySpace<host_memory>);
+
+// ---------------------------------------------------------------------------------------------
+// Optional capabilities of a memory space, asked for by name where the engine uses them (see the
+// capability concepts of transport.hpp; tests/test_transport_contract.cpp checks each).
+// ---------------------------------------------------------------------------------------------
+
+/// A memory space that allocates pinned host memory for bounce buffers: `allocate_host(n)` gives
+/// an owning `M::host_buffer`. The engine bounces the scale-out data of a memory kind its
+/// scale-out transport cannot register through such buffers (plain host memory otherwise).
+template <class M>
+concept PinnedHostAllocation = requires(const M& m, std::size_t n) {
+  typename M::host_buffer;
+  { m.allocate_host(n) } -> std::same_as<typename M::host_buffer>;
+};
+
+/// A memory space on one device that names it: `m.device()`, the GPU's ordinal, which the engine
+/// hands to a transport that registers device memory (RegistersDevice).
+template <class M>
+concept DeviceOrdinal = requires(const M& m) {
+  { m.device() } -> std::convertible_to<int>;
+};
+
+/// A MemorySpace that can also run calls in the order of a caller's stream (gpu_memory):
+/// - `M::stream_type`: the caller's stream; `m.stream()`: the memory space's own stream;
+/// - `m.record(s)`: an `M::event_type` recorded on s, whose `done()` (never blocking) says that
+///   everything enqueued on s before it has completed;
+/// - `m.write_value(flag, v)`: *flag = v on the memory space's own stream, after its earlier work;
+/// - `m.wait_value(s, flag, v)`: work enqueued on s later waits until *flag >= v.
+/// The flag is M memory (allocated with `allocate`).
+template <class M>
+concept StreamMemorySpace =
+    MemorySpace<M> && std::movable<typename M::event_type> &&
+    requires(M& m, const M& cm, typename M::stream_type s, std::uint64_t* flag, std::uint64_t v, typename M::event_type& e) {
+      { cm.stream() } -> std::convertible_to<typename M::stream_type>;
+      { m.record(s) } -> std::same_as<typename M::event_type>;
+      { e.done() } -> std::convertible_to<bool>;
+      m.write_value(flag, v);
+      m.wait_value(s, flag, v);
+    };
+
+/// `S` is the stream type of the stream-ordered memory space `M` (the constraint of engine's stream
+/// form). A concept of both, not `std::same_as<S, typename M::stream_type>` in the member's
+/// requires-clause, so that the clause stays dependent on `S`: Clang 14 substitutes `M` into it
+/// when the engine is instantiated and fails for a memory space that has no streams.
+template <class M, class S>
+concept StreamOf = StreamMemorySpace<M> && std::same_as<S, typename M::stream_type>;
+
+namespace detail {
+/// The engine's bounce buffer for memory space M: its pinned host buffer, else plain host memory.
+template <class M>
+struct host_buffer_of {
+  using type = host_memory::buffer;
+};
+template <PinnedHostAllocation M>
+struct host_buffer_of<M> {
+  using type = typename M::host_buffer;
+};
+} // namespace detail
 
 } // namespace fasta2a

@@ -69,7 +69,7 @@ struct plan_options {
   bytes_t staging_budget = 0;
   /// Slots per ring where staging is shared (see staging_budget): stages that can be in flight at
   /// once on a rail rank. More slots: more overlap, smaller slots, so more stages. At least 1.
-  /// Measured on the emulated cluster (README, "Staging within a budget"), Zipf(1.0) at a budget of
+  /// Measured on the emulated cluster (docs/PERFORMANCE.md, "Staging within a budget"), Zipf(1.0) at a budget of
   /// 25%: 2 / 4 / 6 / 8 / 12 / 16 slots took 1.24 / 1.15 / 1.17 / 1.03 / 1.09 / 1.24x the time
   /// without a budget: the credits need stages in flight to hide their latency, and slots past
   /// that only add stages.

@@ -106,17 +106,8 @@ concept Connection = requires(C& c, rank_t peer, const Mem& mem, const Rem& rem,
 /// - `connect(channels)` makes a connection with its own signal counters for channels
 ///   [0, channels). Collective over the transport's ranks: every rank makes its connections in the
 ///   same order (as communicators are made). A connection must not outlive its transport.
-/// - Optional: a connection whose transfers move only while the rank calls into its transport
-///   (MPI, libfabric's manual-progress providers, verbs' completion queue) has `progress()`, one
-///   non-blocking poke. The engine calls it while it waits on its other tier, so that no transfer
-///   of this rank stalls while it waits on a peer that waits on that transfer. Such a connection's
-///   `test` and `sent` must drive the same progress whenever they answer false: a staged turn of
-///   the engine that already asked a tier and found nothing does not call its `progress()` again.
-/// - Optional: a connection whose puts land only where the receiver has posted the matching
-///   expect (two-sided: MPI's matched receives) says so with `static constexpr bool
-///   expects_gate_puts = true`. Where a plan shares staging across stages, the engine then frees a
-///   peer's slot by posting the expects of the stage that reuses it, in place of a credit signal
-///   the peer would wait for (see engine::run_stages): one message less per slot and stage.
+/// - Optional capabilities (progress, two-sided puts, abandoning a failed call, device memory,
+///   revocation) are the named concepts below, each asked for by name where the engine uses it.
 template <class T>
 concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t peer, typename T::memory& mem,
                              typename T::remote& rem, std::span<const std::byte> blob, channel_id channels) {
@@ -133,18 +124,80 @@ concept Transport = requires(T& t, const T& ct, void* p, std::size_t n, rank_t p
   { t.connect(channels) } -> std::same_as<typename T::connection>;
 } && Connection<typename T::connection, typename T::memory, typename T::remote>;
 
+// ---------------------------------------------------------------------------------------------
+// Optional capabilities. A transport (or its connection) offers each by having the member named;
+// the engine asks for the concept by name (`if constexpr (DrivesProgress<C>)`) and does without
+// where it is absent. tests/test_transport_contract.cpp checks each against types that have it
+// and types that do not; transports/README.md is the guide to writing a transport.
+// ---------------------------------------------------------------------------------------------
+
+/// A connection whose transfers move only while its rank calls into the transport (MPI,
+/// libfabric's manual-progress providers, verbs' completion queue) has `progress()`: one
+/// non-blocking poke of the transport's progress engine, run every time it is called (MPI's probes
+/// a tag no message carries: a probe that matches a queued message returns without progressing
+/// anything). The engine calls it while it waits on its other tier, so that no transfer of this
+/// rank stalls while it waits on a peer that waits on that transfer. Such a connection's `test` and
+/// `sent` must drive the same progress whenever they answer false: a staged turn of the engine
+/// that already asked a tier and found nothing does not call its `progress()` again.
+template <class C>
+concept DrivesProgress = requires(C& c) { c.progress(); };
+
+/// A connection whose puts land only where the receiver has posted the matching expect
+/// (two-sided: MPI's matched receives) says so with `static constexpr bool expects_gate_puts =
+/// true`. Where a plan shares staging across stages, the engine then frees a peer's slot by
+/// posting the expects of the stage that reuses it, in place of a credit signal the peer would
+/// wait for (see engine::run_stages): one message less per slot and stage.
+template <class C>
+concept ExpectsGatePuts = requires { requires static_cast<bool>(C::expects_gate_puts); };
+
+/// A connection that can give up what it has in flight after a failed call has `abandon()`
+/// (MPI: cancels its posted receives, so that a late peer's message cannot match them). The
+/// engine calls it on a connection it retires; the connection object is then kept, unused, until
+/// the engine goes, so that nothing reuses what identifies it while a late peer may still send.
+template <class C>
+concept Abandonable = requires(C& c) { c.abandon(); };
+
 /// Whether, once a rank has deregistered memory (or dropped the connection that receives into it),
-/// no peer's late put can still write into it: `T::late_writes_revoked` where the transport says
-/// so, else false. The engine relies on it so that a call that failed leaves nothing writing into
-/// the caller's buffers (see engine): host (the put checks a revocable region), MPI (dropping the
-/// connection cancels its posted receives), libfabric and verbs (closing the memory registration
-/// invalidates its key at the NIC) say true; GPU IPC says false (an exporter cannot revoke a CUDA
-/// or HIP IPC mapping).
+/// no peer's late put can still write into it: `static constexpr bool late_writes_revoked = true`.
+/// The engine relies on it so that a call that failed leaves nothing writing into the caller's
+/// buffers (see engine): host (the put checks a revocable region), MPI (dropping the connection
+/// cancels its posted receives), libfabric and verbs (closing the memory registration invalidates
+/// its key at the NIC) say true; GPU IPC says false (an exporter cannot revoke a CUDA or HIP IPC
+/// mapping). A transport that says nothing is taken not to revoke.
+template <class T>
+concept RevokesLateWrites = requires { requires static_cast<bool>(T::late_writes_revoked); };
+
+/// The same as a value (RevokesLateWrites<T>).
 template <class T>
 constexpr bool late_writes_revoked() noexcept {
-  if constexpr (requires { T::late_writes_revoked; }) return static_cast<bool>(T::late_writes_revoked);
-  else return false;
+  return RevokesLateWrites<T>;
 }
+
+/// Whether the transport keeps working after a peer's late write was refused: true unless it says
+/// `static constexpr bool survives_revoked_writes = false` (libfabric's tcp;ofi_rxm closes the
+/// link between the two processes; later operations between them fail, never hang, and the
+/// transports must be made anew).
+template <class T>
+concept SurvivesRevokedWrites =
+    !requires { T::survives_revoked_writes; } || requires { requires static_cast<bool>(T::survives_revoked_writes); };
+
+/// A transport that can tell at run time whether it registers memory of a kind (a verbs or
+/// libfabric transport whose device supports GPUDirect on this machine, say): `t.registers(kind)`.
+/// Convention: static `can_register(kind)` says whether it ever can, `registers(kind)` whether it
+/// can here; the engine registers directly iff both say yes (`registers_directly`, engine.hpp) and
+/// moves the scale-out data through host bounce buffers otherwise.
+template <class T>
+concept RegistersAtRunTime = requires(const T& t, memory_kind k) {
+  { t.registers(k) } -> std::convertible_to<bool>;
+};
+
+/// A transport that registers device memory (GPUDirect RDMA: the libfabric and verbs transports):
+/// `register_memory(p, n, kind, device)`, device being the GPU's ordinal; `register_memory(p, n)`
+/// stays the form for host memory.
+template <class T>
+concept RegistersDevice = requires(T& t, void* p, std::size_t n, memory_kind k, int device) {
+  { t.register_memory(p, n, k, device) } -> std::same_as<typename T::memory>;
+};
 
 /// How a rank waits for a signal: spin briefly (cheap when the peer is close), then yield, then
 /// sleep with exponential back-off, so that many ranks sharing few cores do not starve the ones

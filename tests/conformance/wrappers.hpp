@@ -59,18 +59,12 @@ public:
   static constexpr std::size_t handle_bytes = T::handle_bytes;
   static constexpr bool can_register(memory_kind k) noexcept { return T::can_register(k); }
   static constexpr bool late_writes_revoked = fasta2a::late_writes_revoked<T>();
-  static constexpr bool survives_revoked_writes = [] {
-    if constexpr (requires { T::survives_revoked_writes; }) return static_cast<bool>(T::survives_revoked_writes);
-    else return true;
-  }();
+  static constexpr bool survives_revoked_writes = SurvivesRevokedWrites<T>;
 
   class connection {
   public:
     /// As T's connection says (MPI: puts land only in posted expects; transport.hpp).
-    static constexpr bool expects_gate_puts = [] {
-      if constexpr (requires { T::connection::expects_gate_puts; }) return static_cast<bool>(T::connection::expects_gate_puts);
-      else return false;
-    }();
+    static constexpr bool expects_gate_puts = ExpectsGatePuts<typename T::connection>;
     void put(rank_t peer, const memory& src, std::size_t so, const remote& dst, std::size_t d, std::size_t n, channel_id ch) {
       p_->pause();
       if (p_->late.count() > 0) std::this_thread::sleep_for(std::exchange(p_->late, std::chrono::milliseconds(0)));
@@ -105,13 +99,13 @@ public:
     }
     /// Only where T's connection has it (MPI: cancels posted receives after a failed call).
     void abandon() noexcept
-      requires requires(typename T::connection& c) { c.abandon(); }
+      requires Abandonable<typename T::connection>
     {
       c_.abandon();
     }
     /// Only where T's connection has it (MPI, libfabric, verbs).
     void progress()
-      requires requires(typename T::connection& c) { c.progress(); }
+      requires DrivesProgress<typename T::connection>
     {
       c_.progress();
     }
@@ -149,7 +143,7 @@ public:
   /// Only where T has it (libfabric, verbs): the engine treats a transport without `registers`
   /// as registering every kind its `can_register` allows.
   bool registers(memory_kind k) const
-    requires requires(const T& t) { t.registers(memory_kind::host); }
+    requires RegistersAtRunTime<T>
   {
     return t_->registers(k);
   }

@@ -31,6 +31,10 @@ using ipc = fasta2a::gpu_ipc_transport<fasta2a::host_bootstrap>;
 static_assert(fasta2a::Transport<ipc>);
 static_assert(fasta2a::MemorySpace<fasta2a::gpu_memory>);
 static_assert(ipc::can_register(fasta2a::memory_kind::cuda_device));
+// GPU IPC cannot revoke an opened mapping (transport.hpp, RevokesLateWrites); the GPU memory
+// space bounces through pinned host memory and runs stream-ordered calls.
+static_assert(!fasta2a::RevokesLateWrites<ipc>);
+static_assert(fasta2a::PinnedHostAllocation<fasta2a::gpu_memory> && fasta2a::StreamMemorySpace<fasta2a::gpu_memory>);
 
 /// Sets the stand-in's delays (and in-process host handles) for one scope.
 struct standin_settings {

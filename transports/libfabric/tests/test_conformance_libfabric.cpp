@@ -228,11 +228,17 @@ TEST_CASE("libfabric: errors name the provider and the libfabric call") {
   }
 }
 
-// The test wrapper passes registers() on only where the transport has it (the engine's rule).
-template <class T>
-concept has_registers = requires(const T& t) { t.registers(fasta2a::memory_kind::host); };
-static_assert(has_registers<fasta2a::testing::probed_transport<fasta2a::libfabric_transport>>);
-static_assert(!has_registers<fasta2a::testing::probed_transport<fasta2a::host_transport>>);
+// What the transport offers of the contract's optional capabilities (transport.hpp), and the test
+// wrapper passes registers() on only where the transport has it (the engine's rule).
+static_assert(fasta2a::DrivesProgress<fasta2a::libfabric_transport::connection> &&
+              !fasta2a::ExpectsGatePuts<fasta2a::libfabric_transport::connection> &&
+              !fasta2a::Abandonable<fasta2a::libfabric_transport::connection>);
+static_assert(fasta2a::RevokesLateWrites<fasta2a::libfabric_transport> &&
+              !fasta2a::SurvivesRevokedWrites<fasta2a::libfabric_transport> &&
+              fasta2a::RegistersAtRunTime<fasta2a::libfabric_transport> &&
+              fasta2a::RegistersDevice<fasta2a::libfabric_transport>);
+static_assert(fasta2a::RegistersAtRunTime<fasta2a::testing::probed_transport<fasta2a::libfabric_transport>>);
+static_assert(!fasta2a::RegistersAtRunTime<fasta2a::testing::probed_transport<fasta2a::host_transport>>);
 
 int main(int argc, char** argv) {
   std::vector<char*> rest;

@@ -66,6 +66,12 @@ struct mpi_world {
 // The probe wrapper keeps the MPI connection's trait, so that the suite runs the engine's path for
 // it (shared staging frees arrival slots by posting receives, not by credits).
 static_assert(fasta2a::testing::probed_transport<fasta2a::mpi_transport>::connection::expects_gate_puts);
+// What the MPI transport offers of the contract's optional capabilities (transport.hpp).
+static_assert(fasta2a::ExpectsGatePuts<fasta2a::mpi_transport::connection> &&
+              fasta2a::DrivesProgress<fasta2a::mpi_transport::connection> &&
+              fasta2a::Abandonable<fasta2a::mpi_transport::connection> &&
+              fasta2a::RevokesLateWrites<fasta2a::mpi_transport> && fasta2a::SurvivesRevokedWrites<fasta2a::mpi_transport> &&
+              !fasta2a::RegistersDevice<fasta2a::mpi_transport>);
 
 TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, mpi_world<0>, mpi_world<100>);
 

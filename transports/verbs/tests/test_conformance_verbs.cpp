@@ -84,11 +84,15 @@ struct verbs_world {
 
 TEST_CASE_TEMPLATE_INVOKE(fasta2a_conformance, verbs_world);
 
-// The engine learns from registers() whether device memory is registered directly; the test
-// wrapper passes it on.
-template <class T>
-concept has_registers = requires(const T& t) { t.registers(fasta2a::memory_kind::host); };
-static_assert(has_registers<fasta2a::testing::probed_transport<fasta2a::verbs_transport>>);
+// What the transport offers of the contract's optional capabilities (transport.hpp). The engine
+// learns from registers() whether device memory is registered directly; the test wrapper passes
+// it on.
+static_assert(fasta2a::DrivesProgress<fasta2a::verbs_transport::connection> &&
+              !fasta2a::ExpectsGatePuts<fasta2a::verbs_transport::connection> &&
+              fasta2a::RevokesLateWrites<fasta2a::verbs_transport> &&
+              fasta2a::RegistersAtRunTime<fasta2a::verbs_transport> &&
+              fasta2a::RegistersDevice<fasta2a::verbs_transport>);
+static_assert(fasta2a::RegistersAtRunTime<fasta2a::testing::probed_transport<fasta2a::verbs_transport>>);
 
 int main(int argc, char** argv) {
   std::vector<char*> rest;
