@@ -1,13 +1,18 @@
 // The code one-sided RDMA transports share (include/fasta2a/rma.hpp): signal encodings round trip
 // and refuse what does not fit, chunks cover a put exactly, watermarks and signal tracks agree
 // with a plain model under completions in random orders, connection tables count signals apart
-// (also for connections not made yet). Runs anywhere: no RDMA library is involved.
+// (also for connections not made yet), handles round trip, puts out of bounds are refused, and the
+// shared connection forwards to its transport (a stand-in with a simulated completion queue).
+// Runs anywhere: no RDMA library is involved.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fasta2a/rma.hpp>
@@ -228,4 +233,166 @@ TEST_CASE("connection_table: counts apart per connection, peer and channel, keep
   CHECK_THROWS_WITH_AS(t.make(17), doctest::Contains("from 1 to 16"), error);
   for (int i = 0; i < 4; ++i) t.make(1);
   CHECK_THROWS_WITH_AS(t.make(1), doctest::Contains("more than 8 connections"), error);
+}
+
+TEST_CASE("handles: address, key and size round trip at the extremes; a wrong rank or size is refused, naming the transport") {
+  constexpr std::uint64_t top = std::numeric_limits<std::uint64_t>::max();
+  const std::vector<remote> cases = {{0, 0, 0, 0},
+                                     {top, top, std::numeric_limits<std::size_t>::max(), 3},
+                                     {0x7f00deadbeef0000ull, 0xffffffffull, 4096, 1},
+                                     {1, std::uint64_t{1} << 32, 1, 2}};
+  for (const remote& r : cases) {
+    const std::vector<std::byte> blob = serialize_handle(r.addr, r.key, r.size);
+    REQUIRE(blob.size() == handle_bytes);
+    const remote back = deserialize_handle("test_transport", r.peer, 4, blob);
+    CHECK(back.addr == r.addr);
+    CHECK(back.key == r.key);
+    CHECK(back.size == r.size);
+    CHECK(back.peer == r.peer);
+  }
+  // Fields do not bleed into each other.
+  CHECK(serialize_handle(1, 0, 0) != serialize_handle(0, 1, 0));
+  CHECK(serialize_handle(0, 1, 0) != serialize_handle(0, 0, 1));
+  const std::vector<std::byte> blob = serialize_handle(8, 9, 10);
+  CHECK_THROWS_WITH_AS(deserialize_handle("test_transport", 4, 4, blob),
+                       doctest::Contains("test_transport::deserialize: rank 4 is not among 4"), error);
+  CHECK_THROWS_WITH_AS(deserialize_handle("test_transport", -1, 4, blob), doctest::Contains("rank -1 is not among 4"), error);
+  CHECK_THROWS_WITH_AS(deserialize_handle("test_transport", 1, 4, std::span(blob).first(23)),
+                       doctest::Contains("rank 1's handle has 23 bytes, expected 24"), error);
+  std::vector<std::byte> longer = blob;
+  longer.push_back(std::byte{0});
+  CHECK_THROWS_WITH_AS(deserialize_handle("test_transport", 1, 4, longer), doctest::Contains("has 25 bytes"), error);
+  // A memory handle keeps what it is given.
+  int reg = 0;
+  memory<int, void*> m{nullptr, 5, &reg, &reg, 7};
+  CHECK(m.mr == &reg);
+  CHECK(m.local == static_cast<void*>(&reg));
+  CHECK(m.key == 7u);
+  CHECK(memory<int, std::uint32_t>{}.local == 0u);
+}
+
+TEST_CASE("check_put_bounds: a put that fits on both sides passes, one past either end or overflowing is refused") {
+  CHECK_NOTHROW(check_put_bounds("t", 1, 0, 10, 0, 10, 10));
+  CHECK_NOTHROW(check_put_bounds("t", 1, 10, 10, 10, 10, 0)); // empty, at the very end
+  CHECK_NOTHROW(check_put_bounds("t", 1, 4, 10, 2, 6, 4));
+  CHECK_THROWS_WITH_AS(check_put_bounds("test_transport", 3, 4, 10, 0, 10, 7),
+                       doctest::Contains("test_transport: put of 7 bytes from offset 4 (of 10) to rank 3 at offset 0 (of 10) is out of bounds"),
+                       error);
+  CHECK_THROWS_AS(check_put_bounds("t", 1, 0, 10, 5, 10, 6), error);
+  CHECK_THROWS_AS(check_put_bounds("t", 1, 11, 10, 0, 10, 0), error);
+  CHECK_THROWS_AS(check_put_bounds("t", 1, 0, 10, 11, 10, 0), error);
+  constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+  CHECK_THROWS_AS(check_put_bounds("t", 1, 2, 10, 0, 10, huge), error); // off + n wraps around
+  CHECK_THROWS_AS(check_put_bounds("t", 1, 0, 10, 2, 10, huge - 1), error);
+}
+
+namespace {
+/// A stand-in transport for rma::connection: signals arrive when progress() reads a simulated
+/// completion queue; puts and signals are recorded.
+class fake_rma_transport {
+public:
+  using memory = rma::memory<int, void*>;
+  using remote = rma::remote;
+  using connection = rma::connection<fake_rma_transport>;
+  explicit fake_rma_transport(rank_t ranks) : conns_("fake_rma_transport", ranks, 8, 4) {}
+  connection connect(channel_id channels) { return connection(this, conns_.make(channels)); }
+
+  struct arrival {
+    std::uint32_t conn;
+    rank_t from;
+    channel_id ch;
+  };
+  std::vector<arrival> queue;  ///< the completion queue: arrivals progress() will count
+  std::vector<std::string> log; ///< what the connection asked for
+  int progressed = 0;
+  std::uint64_t done = 0; ///< the puts' watermark every lane sees
+
+private:
+  friend connection;
+  struct options {
+    wait_policy waiting{};
+  };
+  void check(std::uint32_t id, rank_t peer, channel_id ch, const char* what) const { conns_.check(id, peer, ch, what); }
+  void put(std::uint32_t id, rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
+           std::size_t n, channel_id ch) {
+    check(id, peer, ch, "put");
+    rma::check_put_bounds("fake_rma_transport", peer, src_off, src.size, dst_off, dst.size, n);
+    conns_.lane_of(id, peer, ch).puts.post();
+    log.push_back("put " + std::to_string(id) + " " + std::to_string(peer) + " " + std::to_string(n));
+  }
+  void signal(std::uint32_t id, rank_t peer, channel_id ch) {
+    check(id, peer, ch, "signal");
+    rma::lane& l = conns_.lane_of(id, peer, ch);
+    l.signals.add(l.puts.posted(), true, l.puts.done());
+    log.push_back("signal " + std::to_string(id) + " " + std::to_string(peer));
+  }
+  void flush(std::uint32_t id) { log.push_back("flush " + std::to_string(id)); }
+  void progress() {
+    ++progressed;
+    for (const arrival& a : queue) conns_.arrive(a.conn, a.from, a.ch);
+    queue.clear();
+    for (std::uint32_t id = 0; id < conns_.made(); ++id)
+      for (rma::lane& l : conns_.at(id).lanes) {
+        while (l.puts.done() < std::min(done, l.puts.posted())) l.puts.complete(l.puts.done() + 1);
+        l.signals.settle(l.puts.done());
+      }
+  }
+  rma::connection_table<> conns_;
+  options opt_;
+};
+} // namespace
+
+static_assert(Connection<fake_rma_transport::connection, fake_rma_transport::memory, fake_rma_transport::remote>);
+static_assert(DrivesProgress<fake_rma_transport::connection>);
+static_assert(!std::is_copy_constructible_v<fake_rma_transport::connection>);
+static_assert(std::is_nothrow_move_constructible_v<fake_rma_transport::connection>);
+
+TEST_CASE("rma::connection: forwards to its transport, counts arrivals after a progress, waits, moves") {
+  fake_rma_transport t(3);
+  fake_rma_transport::connection a = t.connect(2);
+  fake_rma_transport::connection b = t.connect(1);
+  CHECK(a.id() == 0u);
+  CHECK(b.id() == 1u);
+  const fake_rma_transport::memory src{nullptr, 100};
+  const fake_rma_transport::remote dst{0, 0, 100, 2};
+  a.put(2, src, 0, dst, 0, 100, 1);
+  a.signal(2, 1);
+  b.flush();
+  CHECK(t.log == std::vector<std::string>{"put 0 2 100", "signal 0 2", "flush 1"});
+  CHECK_THROWS_WITH_AS(a.put(2, src, 1, dst, 0, 100, 1), doctest::Contains("out of bounds"), error);
+  CHECK_THROWS_WITH_AS(a.expect(3, src, 0, 1, 0), doctest::Contains("fake_rma_transport: expect to rank 3"), error);
+  CHECK_THROWS_WITH_AS(b.test(0, 1, 1), doctest::Contains("test to rank 0 on channel 1"), error);
+  CHECK_THROWS_WITH_AS(b.wait(0, 1, 1, std::chrono::milliseconds(1)), doctest::Contains("wait to rank 0"), error);
+  CHECK_THROWS_WITH_AS(b.sent(0, 1, 1), doctest::Contains("sent to rank 0"), error);
+  CHECK_NOTHROW(a.expect(1, src, 0, 1, 1));
+
+  // sent: the signal covers one put, complete only once the watermark reaches it.
+  CHECK_FALSE(a.sent(2, 1, 1));
+  t.done = 1;
+  CHECK(a.sent(2, 1, 1));
+  CHECK_FALSE(a.sent(2, 1, 2));
+
+  // test reads the queue only when the count is not there yet; arrivals count per connection.
+  t.queue = {{0, 1, 0}, {1, 1, 0}, {0, 1, 0}};
+  const int before = t.progressed;
+  CHECK(a.test(1, 0, 0)); // already there: no progress
+  CHECK(t.progressed == before);
+  CHECK(a.test(1, 0, 2));
+  CHECK(t.progressed == before + 1);
+  CHECK(b.test(1, 0, 1));
+  CHECK_FALSE(b.test(1, 0, 2));
+  CHECK_FALSE(a.wait(1, 0, 3, std::chrono::milliseconds(5)));
+  t.queue = {{0, 1, 0}};
+  CHECK(a.wait(1, 0, 3, std::chrono::milliseconds(1000)));
+  const int p = t.progressed;
+  a.progress();
+  CHECK(t.progressed == p + 1);
+
+  // A moved connection keeps its id and its transport.
+  fake_rma_transport::connection c(std::move(a));
+  CHECK(c.id() == 0u);
+  CHECK(c.test(1, 0, 3));
+  b = std::move(c);
+  CHECK(b.id() == 0u);
+  CHECK(b.test(1, 0, 3));
 }

@@ -2,16 +2,22 @@
 // their libraries: signal encodings (64 bits of remote CQ data, a 32-bit immediate), chunking of
 // puts at a largest message, completion accounting (watermarks over numbered operations, signals
 // waiting for the puts they cover) and connection bookkeeping (per-connection, per-(peer,
-// channel) lanes and arrived-signal counters, kept even for a connection not made yet here).
+// channel) lanes and arrived-signal counters, kept even for a connection not made yet here),
+// registered memory and the handles peers exchange (address, key, size), and the connection
+// class both transports hand out (rma::connection<Transport>, forwarding to its transport).
 // Depends on nothing but the standard library and fasta2a/transport.hpp, so it is tested on any
 // machine (tests/test_rma.cpp) and used by transports that run only where an RDMA NIC is.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -333,6 +339,132 @@ private:
   std::uint64_t max_connections_, max_channels_;
   std::uint64_t made_ = 0;
   std::deque<conn> conns_; ///< by id; stable references
+};
+
+// ------------------------------------------------------------------------------------------------
+// Registered memory and handles
+// ------------------------------------------------------------------------------------------------
+
+/// Local memory: the region and its registration. `Registration` is the library's registration
+/// object (fid_mr, ibv_mr); `local` is what a local operation names the registration by (a
+/// libfabric descriptor, a verbs lkey); `key` is the remote key a peer writes with.
+template <class Registration, class Local>
+struct memory {
+  std::byte* ptr = nullptr;
+  std::size_t size = 0;
+  Registration* mr = nullptr;
+  Local local{};
+  std::uint64_t key = 0;
+};
+
+/// A peer's registered region: where writes go (addr + offset: a virtual address, or 0 where the
+/// library takes offsets), its remote key and size, and whose it is.
+struct remote {
+  std::uint64_t addr = 0;
+  std::uint64_t key = 0;
+  std::size_t size = 0;
+  rank_t peer = -1;
+};
+
+/// A serialized handle: address, key and size, 8 bytes each (native byte order: the ranks of one
+/// job share an architecture).
+inline constexpr std::size_t handle_bytes = 24;
+
+/// The handle of a region at `addr` (as peers address it) with remote key `key` and `size` bytes.
+inline std::vector<std::byte> serialize_handle(std::uint64_t addr, std::uint64_t key, std::size_t size) {
+  const std::uint64_t words[3] = {addr, key, static_cast<std::uint64_t>(size)};
+  std::vector<std::byte> blob(handle_bytes);
+  std::memcpy(blob.data(), words, handle_bytes);
+  return blob;
+}
+
+/// Reads rank `peer`'s handle. Throws fasta2a::error, prefixed with `who`
+/// ("libfabric_transport"), if peer is not among `ranks` or the blob is not handle_bytes long.
+inline remote deserialize_handle(std::string_view who, rank_t peer, rank_t ranks, std::span<const std::byte> blob) {
+  if (peer < 0 || peer >= ranks)
+    throw error(std::string(who) + "::deserialize: rank " + std::to_string(peer) + " is not among " + std::to_string(ranks));
+  if (blob.size() != handle_bytes)
+    throw error(std::string(who) + "::deserialize: rank " + std::to_string(peer) + "'s handle has " +
+                std::to_string(blob.size()) + " bytes, expected " + std::to_string(handle_bytes));
+  std::uint64_t words[3];
+  std::memcpy(words, blob.data(), handle_bytes);
+  return remote{words[0], words[1], static_cast<std::size_t>(words[2]), peer};
+}
+
+/// Throws fasta2a::error, prefixed with `who`, unless n bytes from src_off fit in a source of
+/// src_size bytes and from dst_off in a destination of dst_size bytes (a put to rank `peer`).
+inline void check_put_bounds(std::string_view who, rank_t peer, std::size_t src_off, std::size_t src_size,
+                             std::size_t dst_off, std::size_t dst_size, std::size_t n) {
+  if (src_off > src_size || n > src_size - src_off || dst_off > dst_size || n > dst_size - dst_off)
+    throw error(std::string(who) + ": put of " + std::to_string(n) + " bytes from offset " + std::to_string(src_off) +
+                " (of " + std::to_string(src_size) + ") to rank " + std::to_string(peer) + " at offset " +
+                std::to_string(dst_off) + " (of " + std::to_string(dst_size) + ") is out of bounds");
+}
+
+// ------------------------------------------------------------------------------------------------
+// The connection
+// ------------------------------------------------------------------------------------------------
+
+/// One owner's connection on a Transport T of this kind: its own signal counters (its id in T's
+/// connection table), sharing T's endpoint or queue pairs. Move-only; must not outlive its
+/// transport. T makes it (`connect`) and befriends it; it asks of T, privately:
+/// - `check(id, peer, ch, what)`, `put(id, ...)`, `signal(id, peer, ch)`, `flush(id)`;
+/// - `progress()`: reads the completion queue once (a manual-progress provider moves only then;
+///   the engine calls it while it waits on its other tier);
+/// - `conns_`, a connection_table whose lanes have `signals` (a signal_track), and
+///   `opt_.waiting`, the wait_policy of its waits.
+template <class T>
+class connection {
+public:
+  connection(connection&& o) noexcept : t_(std::exchange(o.t_, nullptr)), id_(o.id_) {}
+  connection& operator=(connection&& o) noexcept {
+    t_ = std::exchange(o.t_, nullptr);
+    id_ = o.id_;
+    return *this;
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  ~connection() = default;
+
+  void put(rank_t peer, const typename T::memory& src, std::size_t src_off, const typename T::remote& dst,
+           std::size_t dst_off, std::size_t n, channel_id ch) {
+    t_->put(id_, peer, src, src_off, dst, dst_off, n, ch);
+  }
+  /// One-sided: the sender says where the bytes land.
+  void expect(rank_t peer, const typename T::memory&, std::size_t, std::size_t, channel_id ch) {
+    t_->check(id_, peer, ch, "expect");
+  }
+  void signal(rank_t peer, channel_id ch) { t_->signal(id_, peer, ch); }
+  /// Whether `count` signals from peer on ch have arrived, reading the completion queue once if
+  /// they have not yet.
+  bool test(rank_t peer, channel_id ch, std::uint64_t count) {
+    t_->check(id_, peer, ch, "test");
+    if (t_->conns_.arrived(id_, peer, ch) >= count) return true;
+    t_->progress();
+    return t_->conns_.arrived(id_, peer, ch) >= count;
+  }
+  bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
+    t_->check(id_, peer, ch, "wait");
+    return detail::poll_until([&] { return test(peer, ch, count); }, t_->opt_.waiting, timeout);
+  }
+  /// Whether this connection's signals 1..count to peer on ch are out and the puts they cover
+  /// complete.
+  bool sent(rank_t peer, channel_id ch, std::uint64_t count) {
+    t_->check(id_, peer, ch, "sent");
+    t_->progress();
+    return t_->conns_.lane_of(id_, peer, ch).signals.sent_upto() >= count;
+  }
+  void flush() { t_->flush(id_); }
+  /// Reads the completion queue once: the engine calls it while it waits on its other tier.
+  void progress() { t_->progress(); }
+  /// This connection's id (the k-th made on its transport, from 0).
+  std::uint32_t id() const noexcept { return id_; }
+
+private:
+  friend T;
+  connection(T* t, std::uint32_t id) : t_(t), id_(id) {}
+  T* t_;
+  std::uint32_t id_;
 };
 
 } // namespace fasta2a::rma

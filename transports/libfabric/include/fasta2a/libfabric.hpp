@@ -232,66 +232,20 @@ inline fi_info_ptr fi_query(const std::string& provider, std::optional<bool> ord
 ///   it under the wait_policy; a rank must keep calling wait/test while peers write to it.
 class libfabric_transport {
 public:
-  /// Local memory: the region and its registration.
-  struct memory {
-    std::byte* ptr = nullptr;
-    std::size_t size = 0;
-    fid_mr* mr = nullptr;
-    void* desc = nullptr;
-    std::uint64_t key = 0;
-  };
-  /// A peer's registered region: where writes go (base + offset), its key and size.
-  struct remote {
-    std::uint64_t base = 0;
-    std::uint64_t key = 0;
-    std::size_t size = 0;
-    rank_t peer = -1;
-  };
+  /// Local memory: the region and its registration (`local` is its fi_mr_desc, `key` its
+  /// fi_mr_key).
+  using memory = rma::memory<fid_mr, void*>;
+  /// A peer's registered region: where writes go (addr + offset), its key and size.
+  using remote = rma::remote;
   /// A serialized handle: base, key and size, 8 bytes each.
-  static constexpr std::size_t handle_bytes = 24;
+  static constexpr std::size_t handle_bytes = rma::handle_bytes;
   /// Host memory always; device memory (CUDA, ROCr) where the provider registers it (FI_HMEM):
   /// ask `registers(kind)` at run time, and register it with register_memory(p, n, kind, device).
   static constexpr bool can_register(memory_kind) noexcept { return true; }
 
   /// One owner's connection: its own signal counters, sharing the transport's endpoint. Move-only;
   /// must not outlive its transport.
-  class connection {
-  public:
-    connection(connection&& o) noexcept : t_(std::exchange(o.t_, nullptr)), id_(o.id_) {}
-    connection& operator=(connection&& o) noexcept {
-      t_ = std::exchange(o.t_, nullptr);
-      id_ = o.id_;
-      return *this;
-    }
-    connection(const connection&) = delete;
-    connection& operator=(const connection&) = delete;
-    ~connection() = default;
-
-    void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
-             std::size_t n, channel_id ch) {
-      t_->put(id_, peer, src, src_off, dst, dst_off, n, ch);
-    }
-    /// One-sided: the sender says where the bytes land.
-    void expect(rank_t peer, const memory&, std::size_t, std::size_t, channel_id ch) { t_->check(id_, peer, ch, "expect"); }
-    void signal(rank_t peer, channel_id ch) { t_->signal(id_, peer, ch); }
-    bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
-      return t_->wait(id_, peer, ch, count, timeout);
-    }
-    bool test(rank_t peer, channel_id ch, std::uint64_t count) { return t_->test(id_, peer, ch, count); }
-    bool sent(rank_t peer, channel_id ch, std::uint64_t count) { return t_->sent(id_, peer, ch, count); }
-    void flush() { t_->flush(id_); }
-    /// Reads the completion queue once (a manual-progress provider moves only then): the engine
-    /// calls it while it waits on its other tier.
-    void progress() { t_->progress(); }
-    /// This connection's id (the k-th made on its transport, from 0).
-    std::uint32_t id() const noexcept { return id_; }
-
-  private:
-    friend class libfabric_transport;
-    connection(libfabric_transport* t, std::uint32_t id) : t_(t), id_(id) {}
-    libfabric_transport* t_;
-    std::uint32_t id_;
-  };
+  using connection = rma::connection<libfabric_transport>;
 
   /// Opens an endpoint of the chosen provider and exchanges addresses through `boot` (collective
   /// over its ranks). Throws fasta2a::error naming the libfabric call and its fi_strerror if the
@@ -434,27 +388,17 @@ public:
     if (m.mr != nullptr) {
       const int rc = fi_close(&m.mr->fid);
       m.mr = nullptr;
-      m.desc = nullptr;
+      m.local = nullptr;
       detail::fi_check(rc, "fi_close of a memory registration");
     }
   }
 
   std::vector<std::byte> serialize(const memory& m) const {
-    const std::uint64_t words[3] = {virt_addr_ ? static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(m.ptr)) : 0,
-                                    m.key, static_cast<std::uint64_t>(m.size)};
-    std::vector<std::byte> blob(handle_bytes);
-    std::memcpy(blob.data(), words, handle_bytes);
-    return blob;
+    return rma::serialize_handle(virt_addr_ ? static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(m.ptr)) : 0, m.key,
+                                 m.size);
   }
   remote deserialize(rank_t peer, std::span<const std::byte> blob) const {
-    if (peer < 0 || peer >= size_)
-      throw error("libfabric_transport::deserialize: rank " + std::to_string(peer) + " is not among " + std::to_string(size_));
-    if (blob.size() != handle_bytes)
-      throw error("libfabric_transport::deserialize: rank " + std::to_string(peer) + "'s handle has " +
-                  std::to_string(blob.size()) + " bytes, expected " + std::to_string(handle_bytes));
-    std::uint64_t words[3];
-    std::memcpy(words, blob.data(), handle_bytes);
-    return remote{words[0], words[1], static_cast<std::size_t>(words[2]), peer};
+    return rma::deserialize_handle("libfabric_transport", peer, size_, blob);
   }
   /// Nothing was opened for a remote region.
   void forget(remote&) const noexcept {}
@@ -465,6 +409,7 @@ public:
   connection connect(channel_id channels) { return connection(this, conns_.make(channels)); }
 
 private:
+  friend connection;
   // Signals carry rma::code64: sender rank (24 bits), connection (16), channel (24).
   static constexpr rank_t max_ranks = static_cast<rank_t>(rma::code64::max_ranks);
   static constexpr std::uint64_t max_channels = rma::code64::max_channels;
@@ -598,7 +543,7 @@ private:
       }
     }
     m.mr = mr;
-    m.desc = fi_mr_desc(mr);
+    m.local = fi_mr_desc(mr);
     m.key = fi_mr_key(mr);
     if (m.key == FI_KEY_NOTAVAIL) {
       fi_close(&mr->fid);
@@ -721,10 +666,7 @@ private:
            std::size_t n, channel_id ch) {
     check(id, peer, ch, "put");
     if (n == 0) return;
-    if (src_off > src.size || n > src.size - src_off || dst_off > dst.size || n > dst.size - dst_off)
-      throw error("libfabric_transport: put of " + std::to_string(n) + " bytes from offset " + std::to_string(src_off) +
-                  " (of " + std::to_string(src.size) + ") to rank " + std::to_string(peer) + " at offset " +
-                  std::to_string(dst_off) + " (of " + std::to_string(dst.size) + ") is out of bounds");
+    rma::check_put_bounds("libfabric_transport", peer, src_off, src.size, dst_off, dst.size, n);
     const std::size_t li = conns_.index(id, peer, ch);
     rma::for_each_chunk(n, chunk_, [&](std::size_t off, std::size_t len) {
       rma::lane& l = conns_.at(id).lanes[li];
@@ -735,7 +677,7 @@ private:
       o->peer = peer;
       o->ch = ch;
       o->seq = l.puts.next();
-      post_blocking(o, src.ptr + src_off + off, len, src.desc, dst.base + dst_off + off, dst.key, false, 0, "put");
+      post_blocking(o, src.ptr + src_off + off, len, src.local, dst.addr + dst_off + off, dst.key, false, 0, "put");
       // Counted only once posted: a failed post leaves the lane as it was.
       l.puts.post();
       ++conns_.at(id).outstanding;
@@ -764,7 +706,7 @@ private:
     o->peer = peer;
     o->ch = ch;
     const remote& land = landings_[static_cast<std::size_t>(peer)];
-    post_blocking(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, rma::code64::encode(rank_, id, ch), "signal");
+    post_blocking(o, landing_.ptr, 0, landing_.local, land.addr, land.key, true, rma::code64::encode(rank_, id, ch), "signal");
     ++conns_.at(id).outstanding;
   }
 
@@ -787,7 +729,7 @@ private:
           o->peer = peer;
           o->ch = ch;
           const remote& land = landings_[static_cast<std::size_t>(peer)];
-          const ssize_t rc = post(o, landing_.ptr, 0, landing_.desc, land.base, land.key, true, rma::code64::encode(rank_, id, ch));
+          const ssize_t rc = post(o, landing_.ptr, 0, landing_.local, land.addr, land.key, true, rma::code64::encode(rank_, id, ch));
           if (rc == -FI_EAGAIN) {
             free_ops_.push_back(o);
             busy = true;
@@ -857,26 +799,6 @@ private:
     }
     throw error("libfabric_transport: " + what + " failed: " + fi_strerror(err.err) + " (" +
                 (detail_text ? detail_text : "no provider detail") + ")");
-  }
-
-  std::uint64_t arrived(std::uint32_t id, rank_t peer, channel_id ch) const { return conns_.arrived(id, peer, ch); }
-
-  bool test(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
-    check(id, peer, ch, "test");
-    if (arrived(id, peer, ch) >= count) return true;
-    progress();
-    return arrived(id, peer, ch) >= count;
-  }
-
-  bool wait(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
-    check(id, peer, ch, "wait");
-    return detail::poll_until([&] { return test(id, peer, ch, count); }, opt_.waiting, timeout);
-  }
-
-  bool sent(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
-    check(id, peer, ch, "sent");
-    progress();
-    return conns_.lane_of(id, peer, ch).signals.sent_upto() >= count;
   }
 
   bool idle(std::uint32_t id) const {

@@ -198,65 +198,19 @@ inline ib_opened ib_open(const std::string& requested, int port_requested, std::
 ///   wait_policy. Receives are reposted as their immediates are read.
 class verbs_transport {
 public:
-  /// Local memory: the region and its registration.
-  struct memory {
-    std::byte* ptr = nullptr;
-    std::size_t size = 0;
-    ibv_mr* mr = nullptr;
-    std::uint32_t lkey = 0, rkey = 0;
-  };
+  /// Local memory: the region and its registration (`local` is its lkey, `key` its rkey).
+  using memory = rma::memory<ibv_mr, std::uint32_t>;
   /// A peer's registered region: its virtual address (the iova of a dma-buf registration), rkey
   /// and size.
-  struct remote {
-    std::uint64_t addr = 0;
-    std::uint32_t rkey = 0;
-    std::size_t size = 0;
-    rank_t peer = -1;
-  };
+  using remote = rma::remote;
   /// A serialized handle: address, rkey and size, 8 bytes each.
-  static constexpr std::size_t handle_bytes = 24;
+  static constexpr std::size_t handle_bytes = rma::handle_bytes;
   /// Host memory, and device memory through dma-buf: ask `registers(kind)` at run time.
   static constexpr bool can_register(memory_kind) noexcept { return true; }
 
   /// One owner's connection: its own signal counters, sharing the transport's queue pairs.
   /// Move-only; must not outlive its transport.
-  class connection {
-  public:
-    connection(connection&& o) noexcept : t_(std::exchange(o.t_, nullptr)), id_(o.id_) {}
-    connection& operator=(connection&& o) noexcept {
-      t_ = std::exchange(o.t_, nullptr);
-      id_ = o.id_;
-      return *this;
-    }
-    connection(const connection&) = delete;
-    connection& operator=(const connection&) = delete;
-    ~connection() = default;
-
-    void put(rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
-             std::size_t n, channel_id ch) {
-      t_->put(id_, peer, src, src_off, dst, dst_off, n, ch);
-    }
-    /// One-sided: the sender says where the bytes land.
-    void expect(rank_t peer, const memory&, std::size_t, std::size_t, channel_id ch) { t_->conns_.check(id_, peer, ch, "expect"); }
-    void signal(rank_t peer, channel_id ch) { t_->signal(id_, peer, ch); }
-    bool wait(rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
-      return t_->wait(id_, peer, ch, count, timeout);
-    }
-    bool test(rank_t peer, channel_id ch, std::uint64_t count) { return t_->test(id_, peer, ch, count); }
-    bool sent(rank_t peer, channel_id ch, std::uint64_t count) { return t_->sent(id_, peer, ch, count); }
-    void flush() { t_->flush(id_); }
-    /// Polls the completion queue once: the engine calls it while it waits on its other tier
-    /// (reposting receives and settling sends move only then).
-    void progress() { t_->progress(); }
-    /// This connection's id (the k-th made on its transport, from 0).
-    std::uint32_t id() const noexcept { return id_; }
-
-  private:
-    friend class verbs_transport;
-    connection(verbs_transport* t, std::uint32_t id) : t_(t), id_(id) {}
-    verbs_transport* t_;
-    std::uint32_t id_;
-  };
+  using connection = rma::connection<verbs_transport>;
 
   /// Opens the device, makes a queue pair per rank and connects them through `boot` (collective
   /// over its ranks). Throws fasta2a::error: "no RDMA device found (ibv_get_device_list: ...)"
@@ -354,8 +308,8 @@ public:
     ibv_mr* mr = ibv_reg_mr(pd_, p, n, access);
     if (mr == nullptr) throw error("verbs_transport: ibv_reg_mr of " + std::to_string(n) + " bytes failed: " + detail::ib_errno(errno));
     m.mr = mr;
-    m.lkey = mr->lkey;
-    m.rkey = mr->rkey;
+    m.local = mr->lkey;
+    m.key = mr->rkey;
     return m;
   }
   /// Registers [p, p + n) of memory of kind k: host memory as above; device memory through a
@@ -393,8 +347,8 @@ public:
       throw error("verbs_transport: ibv_reg_dmabuf_mr of " + std::to_string(n) + " bytes (fd " + std::to_string(fd) +
                   ", offset " + std::to_string(offset) + ") failed: " + detail::ib_errno(errno));
     m.mr = mr;
-    m.lkey = mr->lkey;
-    m.rkey = mr->rkey;
+    m.local = mr->lkey;
+    m.key = mr->rkey;
     return m;
   }
   /// Deregistration invalidates the rkey: a peer's late RDMA write fails at the NIC (remote access
@@ -410,21 +364,10 @@ public:
   }
 
   std::vector<std::byte> serialize(const memory& m) const {
-    const std::uint64_t words[3] = {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(m.ptr)), m.rkey,
-                                    static_cast<std::uint64_t>(m.size)};
-    std::vector<std::byte> blob(handle_bytes);
-    std::memcpy(blob.data(), words, handle_bytes);
-    return blob;
+    return rma::serialize_handle(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(m.ptr)), m.key, m.size);
   }
   remote deserialize(rank_t peer, std::span<const std::byte> blob) const {
-    if (peer < 0 || peer >= size_)
-      throw error("verbs_transport::deserialize: rank " + std::to_string(peer) + " is not among " + std::to_string(size_));
-    if (blob.size() != handle_bytes)
-      throw error("verbs_transport::deserialize: rank " + std::to_string(peer) + "'s handle has " + std::to_string(blob.size()) +
-                  " bytes, expected " + std::to_string(handle_bytes));
-    std::uint64_t words[3];
-    std::memcpy(words, blob.data(), handle_bytes);
-    return remote{words[0], static_cast<std::uint32_t>(words[1]), static_cast<std::size_t>(words[2]), peer};
+    return rma::deserialize_handle("verbs_transport", peer, size_, blob);
   }
   /// Nothing was opened for a remote region.
   void forget(remote&) const noexcept {}
@@ -440,6 +383,7 @@ public:
   }
 
 private:
+  friend connection;
   static constexpr rank_t max_ranks = rank_t{1} << 23;    ///< the peer field of a work request id
   static constexpr unsigned seq_bits = 40;                 ///< the sequence field of a work request id
   static constexpr std::uint64_t recv_flag = std::uint64_t{1} << 63;
@@ -583,7 +527,7 @@ private:
     h.use_gid = use_gid_;
     std::memcpy(h.gid, gid_.raw, 16);
     h.landing_addr = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(landing_.ptr));
-    h.landing_rkey = landing_.rkey;
+    h.landing_rkey = static_cast<std::uint32_t>(landing_.key);
     h.mtu = static_cast<std::uint32_t>(port_attr_.active_mtu);
     std::memcpy(mine.data(), &h, sizeof h);
     for (rank_t r = 0; r < size_; ++r) {
@@ -708,29 +652,26 @@ private:
 
   void put(std::uint32_t id, rank_t peer, const memory& src, std::size_t src_off, const remote& dst, std::size_t dst_off,
            std::size_t n, channel_id ch) {
-    conns_.check(id, peer, ch, "put");
+    check(id, peer, ch, "put");
     if (n == 0) return;
-    if (src_off > src.size || n > src.size - src_off || dst_off > dst.size || n > dst.size - dst_off)
-      throw error("verbs_transport: put of " + std::to_string(n) + " bytes from offset " + std::to_string(src_off) + " (of " +
-                  std::to_string(src.size) + ") to rank " + std::to_string(peer) + " at offset " + std::to_string(dst_off) +
-                  " (of " + std::to_string(dst.size) + ") is out of bounds");
+    rma::check_put_bounds("verbs_transport", peer, src_off, src.size, dst_off, dst.size, n);
     rma::for_each_chunk(n, chunk_, [&](std::size_t off, std::size_t len) {
       ibv_sge sge{};
       sge.addr = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(src.ptr + src_off + off));
       sge.length = static_cast<std::uint32_t>(len);
-      sge.lkey = src.lkey;
+      sge.lkey = src.local;
       ibv_send_wr wr{};
       wr.opcode = IBV_WR_RDMA_WRITE;
       wr.sg_list = &sge;
       wr.num_sge = 1;
       wr.wr.rdma.remote_addr = dst.addr + dst_off + off;
-      wr.wr.rdma.rkey = dst.rkey;
+      wr.wr.rdma.rkey = static_cast<std::uint32_t>(dst.key);
       last_wr_[id][static_cast<std::size_t>(peer)] = post_send(peer, wr, wr_kind::put, id, ch, false);
     });
   }
 
   void signal(std::uint32_t id, rank_t peer, channel_id ch) {
-    conns_.check(id, peer, ch, "signal");
+    check(id, peer, ch, "signal");
     rma::signal_track& s = conns_.lane_of(id, peer, ch).signals;
     const remote& land = landings_[static_cast<std::size_t>(peer)];
     ibv_send_wr wr{};
@@ -739,7 +680,7 @@ private:
     wr.num_sge = 0;
     wr.imm_data = htonl(rma::imm32::encode(id, ch, s.signals() + 1));
     wr.wr.rdma.remote_addr = land.addr;
-    wr.wr.rdma.rkey = land.rkey;
+    wr.wr.rdma.rkey = static_cast<std::uint32_t>(land.key);
     // RC places it after every write posted before it on this queue pair; it asks for a
     // completion, which says those writes have completed too (`sent`).
     const std::uint64_t seq = post_send(peer, wr, wr_kind::signal, id, ch, true);
@@ -756,7 +697,7 @@ private:
     wr.sg_list = nullptr;
     wr.num_sge = 0;
     wr.wr.rdma.remote_addr = land.addr;
-    wr.wr.rdma.rkey = land.rkey;
+    wr.wr.rdma.rkey = static_cast<std::uint32_t>(land.key);
     post_send(peer, wr, wr_kind::flush, 0, 0, true);
   }
 
@@ -832,23 +773,7 @@ private:
                 std::to_string(static_cast<int>(wc.status)) + ", vendor error " + std::to_string(wc.vendor_err) + ")");
   }
 
-  bool test(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
-    conns_.check(id, peer, ch, "test");
-    if (conns_.arrived(id, peer, ch) >= count) return true;
-    progress();
-    return conns_.arrived(id, peer, ch) >= count;
-  }
-
-  bool wait(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count, std::chrono::milliseconds timeout) {
-    conns_.check(id, peer, ch, "wait");
-    return detail::poll_until([&] { return test(id, peer, ch, count); }, opt_.waiting, timeout);
-  }
-
-  bool sent(std::uint32_t id, rank_t peer, channel_id ch, std::uint64_t count) {
-    conns_.check(id, peer, ch, "sent");
-    progress();
-    return conns_.lane_of(id, peer, ch).signals.sent_upto() >= count;
-  }
+  void check(std::uint32_t id, rank_t peer, channel_id ch, const char* what) const { conns_.check(id, peer, ch, what); }
 
   bool conn_done(std::uint32_t id) const {
     for (std::size_t r = 0; r < qps_.size(); ++r)
