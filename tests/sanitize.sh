@@ -72,8 +72,8 @@ case $kind in
     # three of its five worlds (above). Not the GPU stand-in: its streams are threads that poll,
     # and under TSan (GCC) its conformance run took more than 8 minutes of CPU per world on these 2
     # cores without finishing (`tests/sanitize.sh tsan` with FASTA2A_TSAN_GPU=1 adds it back).
-    targets=(test_engine_host test_host_conformance_and_tcp_bootstrap test_mpi test_conformance_mpi)
-    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)'
+    targets=(test_engine_host test_host_conformance_and_tcp_bootstrap test_mpi test_conformance_mpi test_minimal_transport)
+    include='^engine\.|^conformance|^tcp_bootstrap\.|^mpi\.(np|conformance)|^transport_contract\.|^example_transport:'
     # Of the MPI transport's own worlds, the 2-rank one over shared memory, and the conformance
     # suite on 4 ranks (both tiers at once): the one-rank worlds send to themselves only, and the
     # tcp BTL's worlds differ from shared memory's inside Open MPI, whose races tsan.supp

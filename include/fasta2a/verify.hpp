@@ -104,6 +104,59 @@ inline std::string stage_problem(const plan& p) {
   return {};
 }
 
+/// What verify and verify_rank_view check first, alike: the plan's shape against the matrix (N x N
+/// with N = servers x gpus_per_server), its stage permutations' and staging sizes' lengths, and that
+/// the stages are partial permutations with positive weights. "" where all hold.
+inline std::string shape_problem(const plan& p, const traffic_matrix& t) {
+  using std::to_string;
+  const int S = p.servers, G = p.gpus_per_server;
+  if (S < 1 || G < 1) return "plan has no servers or no GPUs";
+  const rank_t n = S * G;
+  if (t.rows() != n || t.cols() != n)
+    return "matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " + to_string(n) + " ranks";
+  const std::size_t T = p.stages();
+  if (p.stage_perm.size() != T * static_cast<std::size_t>(S)) return "stage permutations do not match stage count";
+  if (!p.staged && T != 0) return "an unstaged plan has stages";
+  if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return "staging sizes missing";
+  return stage_problem(p);
+}
+
+/// Whether piece pc (of server s to server d, described by `where`) takes the hops its kind allows:
+/// none on a rail where it needs none (itself, inside a server, an unstaged plan); else a valid rail
+/// and stage whose permutation sends s to d, and a staging slot at its rail sender (receiver) iff
+/// it needs a balance (redistribute) hop. "" where it does.
+inline std::string hop_problem(const plan& p, const piece& pc, int s, int d, const std::string& where) {
+  using std::to_string;
+  if (pc.src == pc.dst || s == d || !p.staged) {
+    if (pc.rail != -1) return where + " rides a rail but needs none";
+    if (pc.stage != 0) return where + " has a stage but needs none";
+    return {};
+  }
+  if (pc.rail < 0 || pc.rail >= p.gpus_per_server) return where + " has no valid rail";
+  if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= p.stages())
+    return where + " has stage " + to_string(pc.stage) + " of " + to_string(p.stages());
+  if (p.perm(pc.stage, pc.rail)[s] != d)
+    return where + " rides stage " + to_string(pc.stage) + (p.per_rail() ? " of rail " + to_string(pc.rail) : "") +
+           ", in which server " + to_string(s) + " sends to " + to_string(p.perm(pc.stage, pc.rail)[s]);
+  if ((p.rail_source(pc) == pc.src) != (pc.stage_out == no_staging))
+    return where + " has a staging slot at its rail sender iff it needs a balance hop: violated";
+  if ((p.rail_target(pc) == pc.dst) != (pc.stage_in == no_staging))
+    return where + " has a staging slot at its rail receiver iff it needs a redistribute hop: violated";
+  return {};
+}
+
+/// The first failure of a check: `fail(msg)` keeps the first message and returns the result.
+struct first_failure {
+  verify_result res;
+  verify_result operator()(std::string msg) {
+    if (res.ok) {
+      res.ok = false;
+      res.error = std::move(msg);
+    }
+    return res;
+  }
+};
+
 } // namespace detail
 
 /// Checks plan p against traffic matrix t without trusting the planner:
@@ -128,33 +181,20 @@ inline std::string stage_problem(const plan& p) {
 /// - the plan's scale-up byte count is what its routes move;
 /// - the per-rank op index lists every hop of every piece exactly once, at the right rank and stage.
 inline verify_result verify(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
-  verify_result res;
-  auto fail = [&](std::string msg) {
-    if (res.ok) {
-      res.ok = false;
-      res.error = std::move(msg);
-    }
-    return res;
-  };
+  detail::first_failure fail;
+  verify_result& res = fail.res;
   using std::to_string;
-  const int S = p.servers, G = p.gpus_per_server;
-  if (S < 1 || G < 1) return fail("plan has no servers or no GPUs");
-  if (p.view >= 0)
+  if (p.view >= 0 && p.servers >= 1 && p.gpus_per_server >= 1)
     return fail("verify checks whole plans; this is rank " + to_string(p.view) + "'s view (planner::make_rank)");
+  // The shape, and stages that are partial permutations with positive weights (per rail, in a
+  // per-rail plan).
+  if (std::string why = detail::shape_problem(p, t); !why.empty()) return fail(why);
+  const int S = p.servers, G = p.gpus_per_server;
   const rank_t n = S * G;
-  if (t.rows() != n || t.cols() != n)
-    return fail("matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " +
-                to_string(n) + " ranks");
   const std::size_t T = p.stages();
   const std::size_t nn = static_cast<std::size_t>(n) * n;
-  if (p.stage_perm.size() != T * S) return fail("stage permutations do not match stage count");
-  if (!p.staged && T != 0) return fail("an unstaged plan has stages");
   if (p.message_first.size() != nn || p.message_count.size() != nn)
     return fail("message index is not ranks x ranks");
-  if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
-
-  // Stages are partial permutations with positive weights (per rail, in a per-rail plan).
-  if (std::string why = detail::stage_problem(p); !why.empty()) return fail(why);
 
   // Messages are tiled by their pieces; pieces are legal.
   std::vector<unsigned char> owned(p.pieces.size(), 0);
@@ -181,24 +221,10 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
         if (pc.offset != off) return fail(where + " leaves a gap or overlaps: expected offset " + to_string(off));
         if (pc.offset + pc.bytes < pc.offset) return fail(where + " overflows");
         off = pc.offset + pc.bytes;
-        if (src == dst || s == d || !p.staged) {
-          if (pc.rail != -1) return fail(where + " rides a rail but needs none");
-          if (pc.stage != 0) return fail(where + " has a stage but needs none");
-          continue;
-        }
-        if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
-        if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
-          return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
-        if (p.perm(pc.stage, pc.rail)[s] != d)
-          return fail(where + " rides stage " + to_string(pc.stage) + (p.per_rail() ? " of rail " + to_string(pc.rail) : "") +
-                      ", in which server " + to_string(s) + " sends to " + to_string(p.perm(pc.stage, pc.rail)[s]));
+        if (std::string why = detail::hop_problem(p, pc, s, d, where); !why.empty()) return fail(why);
+        if (src == dst || s == d || !p.staged) continue;
         rail_loads.push_back({(static_cast<std::size_t>(pc.stage) * S + s) * G + pc.rail, pc.bytes});
         pair_loads.push_back({(static_cast<std::size_t>(s) * S + d) * G + pc.rail, pc.bytes});
-        const rank_t a = s * G + pc.rail, b = d * G + pc.rail;
-        if ((a == src) != (pc.stage_out == no_staging))
-          return fail(where + " has a staging slot at its rail sender iff it needs a balance hop: violated");
-        if ((b == dst) != (pc.stage_in == no_staging))
-          return fail(where + " has a staging slot at its rail receiver iff it needs a redistribute hop: violated");
       }
       if (off != t(src, dst))
         return fail("message " + to_string(src) + "->" + to_string(dst) + " has " + to_string(off) +
@@ -401,29 +427,18 @@ inline verify_result verify(const plan& p, const traffic_matrix& t, verify_optio
 /// across rails, the scale-up byte count) is verify's, on the whole plan. O(ranks^2) time for the
 /// matrix sums, O(servers + ranks + pieces) memory.
 inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, verify_options opt = {}) {
-  verify_result res;
-  auto fail = [&](std::string msg) {
-    if (res.ok) {
-      res.ok = false;
-      res.error = std::move(msg);
-    }
-    return res;
-  };
+  detail::first_failure fail;
+  verify_result& res = fail.res;
   using std::to_string;
   const int S = p.servers, G = p.gpus_per_server;
-  if (S < 1 || G < 1) return fail("plan has no servers or no GPUs");
   const rank_t n = S * G;
   const rank_t r = p.view;
-  if (r < 0) return fail("verify_rank_view checks a rank's view (planner::make_rank); this is a whole plan");
-  if (r >= n) return fail("the view is of rank " + to_string(r) + ", the plan has " + to_string(n) + " ranks");
-  if (t.rows() != n || t.cols() != n)
-    return fail("matrix is " + to_string(t.rows()) + " x " + to_string(t.cols()) + ", plan has " +
-                to_string(n) + " ranks");
+  if (S >= 1 && G >= 1) {
+    if (r < 0) return fail("verify_rank_view checks a rank's view (planner::make_rank); this is a whole plan");
+    if (r >= n) return fail("the view is of rank " + to_string(r) + ", the plan has " + to_string(n) + " ranks");
+  }
+  if (std::string why = detail::shape_problem(p, t); !why.empty()) return fail(why);
   const std::size_t T = p.stages();
-  if (p.stage_perm.size() != T * S) return fail("stage permutations do not match stage count");
-  if (!p.staged && T != 0) return fail("an unstaged plan has stages");
-  if (p.staging_bytes.size() != static_cast<std::size_t>(n)) return fail("staging sizes missing");
-  if (std::string why = detail::stage_problem(p); !why.empty()) return fail(why);
 
   // Pieces: r's, legal; r's messages tiled; r's rail within the stage weights; staging slots.
   std::vector<bytes_t> sent(n, 0), received(n, 0);           // next offset of r -> x and x -> r
@@ -449,21 +464,9 @@ inline verify_result verify_rank_view(const plan& p, const traffic_matrix& t, ve
     const bool carries = on_rail && pc.rail == my_rail && (s == home || d == home);
     if (pc.src != r && pc.dst != r && !carries)
       return fail(where + " is not rank " + to_string(r) + "'s: it neither sends, receives nor carries it");
-    if (pc.src == pc.dst || s == d || !p.staged) {
-      if (pc.rail != -1) return fail(where + " rides a rail but needs none");
-      if (pc.stage != 0) return fail(where + " has a stage but needs none");
-    } else {
-      if (pc.rail < 0 || pc.rail >= G) return fail(where + " has no valid rail");
-      if (pc.stage < 0 || static_cast<std::size_t>(pc.stage) >= T)
-        return fail(where + " has stage " + to_string(pc.stage) + " of " + to_string(T));
-      if (p.perm(pc.stage, pc.rail)[s] != d)
-        return fail(where + " rides stage " + to_string(pc.stage) + (p.per_rail() ? " of rail " + to_string(pc.rail) : "") +
-                    ", in which server " + to_string(s) + " sends to " + to_string(p.perm(pc.stage, pc.rail)[s]));
+    if (std::string why = detail::hop_problem(p, pc, s, d, where); !why.empty()) return fail(why);
+    if (!(pc.src == pc.dst || s == d || !p.staged)) {
       const rank_t a = p.rail_source(pc), b = p.rail_target(pc);
-      if ((a == pc.src) != (pc.stage_out == no_staging))
-        return fail(where + " has a staging slot at its rail sender iff it needs a balance hop: violated");
-      if ((b == pc.dst) != (pc.stage_in == no_staging))
-        return fail(where + " has a staging slot at its rail receiver iff it needs a redistribute hop: violated");
       const std::size_t st = static_cast<std::size_t>(pc.stage);
       if (a == r) rail_out[st] += pc.bytes;
       if (b == r) rail_in[st] += pc.bytes;
