@@ -561,7 +561,7 @@ def main():
     rc, out = run(["cmake", "-S", tree, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                    "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG", f"-DFASTA2A_WORKLOADS_DIR={workloads}",
                    "-DCMAKE_CUDA_COMPILER=NOTFOUND", "-DFASTA2A_WITH_LIBFABRIC=OFF",
-                   "-DFASTA2A_BUILD_BENCHMARKS=OFF", "-DFASTA2A_BUILD_EXAMPLES=OFF", "-DFASTA2A_INSTALL=OFF"],
+                   "-DFASTA2A_BUILD_BENCHMARKS=OFF", "-DFASTA2A_BUILD_EXAMPLES=OFF", "-DFASTA2A_BUILD_CLI=OFF", "-DFASTA2A_INSTALL=OFF"],
                   tree, log=log)
     if rc != 0:
         print("configure failed:\n" + out[-3000:])

@@ -1,5 +1,5 @@
 // libFuzzer target: the trace readers (count_matrices, read_matrix, read_trace in traffic.hpp) and
-// the CLI's loader over them (examples/cli/workload.cpp, compiled in), on arbitrary file contents.
+// the CLI's loader over them (apps/cli/workload.cpp, compiled in), on arbitrary file contents.
 // Input: byte 0 picks n (1..12 ranks), byte 1 the unit (bytes per count), byte 2 the matrix
 // index; the rest is the file, which the readers open by path (an in-memory file).
 // Properties: only fasta2a::error escapes; the readers accept exactly the files an independent
@@ -9,7 +9,7 @@
 // load_workload gives what the library readers give.
 #include "fuzz_common.hpp"
 
-#include "workload.hpp" // examples/cli
+#include "workload.hpp" // apps/cli
 
 #include <fasta2a/traffic.hpp>
 
