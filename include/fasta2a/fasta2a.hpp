@@ -1,6 +1,7 @@
 // fasta2a: the whole library. Include this, or only the headers you use. It holds every header of
-// include/fasta2a/, none of which needs more than Eigen; the transports (fasta2a/host.hpp,
-// fasta2a/mpi.hpp) come with their own targets and dependencies (fasta2a::host, fasta2a::mpi).
+// include/fasta2a/, none of which needs more than Eigen; the transports and bootstraps
+// (fasta2a/host.hpp, fasta2a/mpi.hpp, fasta2a/tcp_bootstrap.hpp, ...) come with their own targets
+// and dependencies (fasta2a::host, fasta2a::mpi, fasta2a::tcp, ...).
 #pragma once
 
 #include "fasta2a/common.hpp"
@@ -21,9 +22,6 @@
 #include "fasta2a/registry.hpp"
 #include "fasta2a/rma.hpp"
 #include "fasta2a/svg.hpp"
-#include "fasta2a/tcp_bootstrap.hpp"
-#include "fasta2a/tcp_roll_call.hpp"
-#include "fasta2a/tcp_wire.hpp"
 #include "fasta2a/topology.hpp"
 #include "fasta2a/traffic.hpp"
 #include "fasta2a/transport.hpp"
